@@ -1,0 +1,1 @@
+"""Speculative decoding core: the acceptance rule and the AD/SD decoding loops."""

@@ -1,0 +1,145 @@
+"""Autoregressive (AD) and speculative (SD) decoding of one sequence on local engines.
+
+These loops are the reference the distributed modes are checked against: SLED splits the SD
+round across a device (drafting) and a server (verifying) but applies the same
+`acceptance.verify` to the same logits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agents.engines.base import Engine
+from agents.spec.acceptance import pick, probabilities, sample, verify
+from agents.spec.session import TrackedSession
+
+
+@dataclass
+class Generation:
+    """Generated tokens (prompt excluded) and what it took."""
+
+    tokens: list[int]
+    seconds: float
+    rounds: int = 0  # SD rounds (AD: target forwards)
+    drafted: int = 0
+    accepted: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)  # per round, with the bonus
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def finish(tokens: list[int], eos_id: int, max_new: int) -> tuple[list[int], bool]:
+    """Cut generated tokens at EOS (kept) or max_new; say whether generation is over."""
+    if eos_id in tokens:
+        tokens = tokens[: tokens.index(eos_id) + 1]
+        return tokens, True
+    if len(tokens) >= max_new:
+        return tokens[:max_new], True
+    return tokens, False
+
+
+def generate_ad(
+    engine: Engine,
+    prompt: Sequence[int],
+    max_new: int,
+    temperature: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> Generation:
+    """The target alone, one token per forward."""
+    t0 = time.perf_counter()
+    session = TrackedSession(engine)
+    committed = list(prompt)
+    out: list[int] = []
+    steps = 0
+    try:
+        while True:
+            logits = session.score(session.prepare(committed))[-1]
+            steps += 1
+            token = pick(logits, temperature, rng)
+            committed.append(token)
+            out, done = finish(out + [token], engine.eos_id, max_new)
+            if done:
+                break
+    finally:
+        session.close()
+    return Generation(out, time.perf_counter() - t0, rounds=steps)
+
+
+def draft_tokens(
+    session: TrackedSession,
+    committed: Sequence[int],
+    k: int,
+    temperature: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> tuple[list[int], np.ndarray | None]:
+    """Draft k tokens after committed; return them and their draft distributions (sampling).
+
+    Greedy drafting uses the engine's `draft_greedy` fast path where it has one (llama.cpp),
+    which may stop early after EOS.
+    """
+    feed = session.prepare(committed)
+    fast = getattr(session.engine, "draft_greedy", None)
+    if temperature <= 0 and fast is not None:
+        drafts = fast(session.sid, feed, k)
+        session.record_scored(feed + drafts[:-1])
+        return drafts, None
+    drafts: list[int] = []
+    rows: list[np.ndarray] = []
+    for _ in range(k):
+        logits = session.score(feed)[-1]
+        if temperature > 0:
+            q = probabilities(logits, temperature)
+            rows.append(q)
+            if rng is None:
+                raise ValueError("sampling (temperature > 0) needs a random generator")
+            token = sample(q, rng)
+        else:
+            token = int(np.argmax(logits))
+        drafts.append(token)
+        feed = [token]
+    return drafts, (np.stack(rows) if rows else None)
+
+
+def generate_sd(
+    draft: Engine,
+    target: Engine,
+    prompt: Sequence[int],
+    max_new: int,
+    k: int,
+    temperature: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> Generation:
+    """Speculative decoding: the draft proposes k tokens, the target verifies them at once."""
+    if k < 1:
+        raise ValueError("draft length k must be >= 1")
+    t0 = time.perf_counter()
+    ds, ts = TrackedSession(draft), TrackedSession(target)
+    committed = list(prompt)
+    gen = Generation([], 0.0)
+    try:
+        while True:
+            drafts, q = draft_tokens(ds, committed, k, temperature, rng)
+            feed = ts.prepare(committed)
+            logits = ts.score(feed + drafts)[len(feed) - 1 :]
+            verdict = verify(logits, drafts, temperature, q, rng)
+            ts.truncate(len(committed) + verdict.accepted)
+            new = verdict.emitted(drafts)
+            committed.extend(new)
+            gen.rounds += 1
+            gen.drafted += k
+            gen.accepted += verdict.accepted
+            gen.accepted_lengths.append(len(new))
+            gen.tokens, done = finish(gen.tokens + new, target.eos_id, max_new)
+            if done:
+                break
+    finally:
+        ds.close()
+        ts.close()
+    gen.seconds = time.perf_counter() - t0
+    return gen

@@ -1,0 +1,1 @@
+"""Workloads: the synthetic arithmetic task, GSM8K, and answer scoring."""

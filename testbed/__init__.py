@@ -1,0 +1,3 @@
+"""Controller of the edge speculative-inference testbed: CLI, lab, impairment, runs, reports."""
+
+__version__ = "0.1.0"

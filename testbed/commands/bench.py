@@ -1,0 +1,54 @@
+"""`testbed bench ...`: benchmarks that print measured figures and ratios."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Benchmarks: figures measured side by side in one run.", no_args_is_help=True)
+
+
+@app.command("sd")
+def sd(
+    prompts: int = typer.Option(30, help="held-out problems to generate for"),
+    draft_len: int = typer.Option(4, "--draft-len", "-k", help="drafted tokens per round (g)"),
+    max_new: int = typer.Option(48, help="new tokens per answer at most"),
+    draft_engine: str = typer.Option("llama", help="engine of the draft: llama or torch"),
+    threads: int = typer.Option(1, help="CPU threads per engine"),
+    seed: int = typer.Option(3, help="seed of the held-out problems"),
+    json_out: Path | None = typer.Option(None, "--json", help="also write the figures here"),
+) -> None:
+    """AD vs SD on the tiny pair: acceptance, accepted length, speedup vs the analytic bound."""
+    from agents.engines.factory import load_engine
+    from agents.workloads.arithmetic import heldout_problems, prompt
+    from testbed.bench.sd import run_sd_bench
+    from testbed.models.tiny import ensure_tiny_pair
+
+    pair = ensure_tiny_pair()
+    draft_path = pair.draft_gguf if draft_engine == "llama" else pair.draft_hf
+    draft = load_engine(draft_path, kind=draft_engine, threads=threads)
+    target = load_engine(pair.target_hf, kind="torch", threads=threads)
+    ids = [target.tokenize(prompt(p)) for p in heldout_problems(prompts, seed=seed)]
+    res = run_sd_bench(draft, target, ids, draft_len, max_new)
+    figures = res.as_dict()
+    typer.echo(
+        f"SD benchmark: draft {draft.describe()} / target {target.describe()}, "
+        f"{prompts} prompts, g={draft_len}, {threads} thread(s)\n"
+        f"  AD: {res.ad_tokens} tokens in {res.ad_seconds:.2f} s "
+        f"({res.ad_tokens / res.ad_seconds:.1f} tok/s)\n"
+        f"  SD: {res.sd_tokens} tokens in {res.sd_seconds:.2f} s "
+        f"({res.sd_tokens / res.sd_seconds:.1f} tok/s), {res.rounds} rounds\n"
+        f"  acceptance rate (accepted/drafted)      {res.acceptance_rate:.3f}\n"
+        f"  per-position acceptance a (MLE)         {res.alpha:.3f}\n"
+        f"  mean accepted length (with bonus)       {res.mean_accepted_len:.2f}\n"
+        f"  cost ratio c (draft step / target step) {res.cost_ratio:.3f} "
+        f"({res.draft_step_ms:.3f} ms / {res.target_step_ms:.3f} ms)\n"
+        f"  measured speedup                        {res.speedup:.2f}x\n"
+        f"  analytic bound (1-a^(g+1))/((1-a)(gc+1)) {res.bound:.2f}x\n"
+        f"  measured / bound                        {res.speedup / res.bound:.1%} (goal >= 90%)\n"
+        f"  SD output identical to AD               {res.identical_outputs}/{res.prompts}"
+    )
+    if json_out:
+        json_out.write_text(json.dumps(figures, indent=2) + "\n")

@@ -1,0 +1,254 @@
+"""`testbed lab`: bring the emulated lab up and down, impair and probe its links.
+
+Heavy imports (pydantic models, Fabric) happen inside the commands so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from testbed.errors import ExitCode, TestbedError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from testbed.lab import EmulatedLab
+
+app = typer.Typer(
+    help="The emulated lab: network namespaces on a bridge, an sshd per host.",
+    no_args_is_help=True,
+)
+
+NameOpt = Annotated[str, typer.Option("--name", help="Lab name (1-10 lowercase letters/digits).")]
+StateOpt = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="Lab state folder [default: <cache>/labs/<name>]."),
+]
+DryOpt = Annotated[bool, typer.Option("--dry-run", help="Print the actions, do nothing.")]
+DevicesOpt = Annotated[
+    list[str] | None,
+    typer.Option("--device", "-d", help="Device name (repeat); default: every device."),
+]
+
+
+def _err(msg: str) -> None:
+    typer.secho(msg, fg=typer.colors.RED, err=True)
+
+
+@contextmanager
+def _guard() -> Iterator[None]:
+    """Turn testbed errors into a message and the matching exit code."""
+    try:
+        yield
+    except TestbedError as exc:
+        _err(f"error: {exc}")
+        raise typer.Exit(int(exc.exit_code)) from None
+    except KeyboardInterrupt:
+        _err("interrupted (run `testbed lab clean` if anything was left behind)")
+        raise typer.Exit(int(ExitCode.FAILED)) from None
+
+
+def _runner(dry_run: bool) -> Any:
+    from testbed.lab import SystemRunner
+
+    return SystemRunner(dry_run=dry_run)
+
+
+def _load(name: str, state_dir: Path | None, dry_run: bool = False) -> EmulatedLab:
+    from testbed.lab import EmulatedLab
+
+    return EmulatedLab.find(name, state_dir, runner=_runner(dry_run))
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+def _hosts_table(lab: EmulatedLab) -> None:
+    _table(
+        f"lab {lab.name}",
+        ["host", "role", "address", "netns", "bridge port", "workdir"],
+        [[h.name, h.role, h.ip, h.netns, h.port, str(h.workdir)] for h in lab.hosts],
+    )
+
+
+@app.command()
+def up(
+    devices: Annotated[int, typer.Option("--devices", "-n", help="Number of devices.")] = 2,
+    name: NameOpt = "lab",
+    subnet: Annotated[str, typer.Option(help="IPv4 subnet of the lab.")] = "10.77.0.0/24",
+    state_dir: StateOpt = None,
+    dry_run: DryOpt = False,
+) -> None:
+    """Create the lab: one namespace and sshd per host, a bridge, the controller attached."""
+    with _guard():
+        from testbed.lab import EmulatedLab, LabSpec
+
+        spec = LabSpec.build(
+            "testbed lab up", name=name, devices=devices, subnet=subnet, state_dir=state_dir
+        )
+        say: Callable[[str], None] = lambda m: typer.echo(f"  {m}", err=True)  # noqa: E731
+        lab = EmulatedLab.up(spec, runner=_runner(dry_run), progress=None if dry_run else say)
+        if dry_run:
+            return
+        _hosts_table(lab)
+        typer.echo(f"inventory: {lab.inventory_path}")
+        typer.echo(f"up in {lab.state.up_seconds:.2f} s; remove it: testbed lab down --name {name}")
+
+
+@app.command()
+def status(name: NameOpt = "lab", state_dir: StateOpt = None) -> None:
+    """Show the lab's hosts as found on the system; exit 3 if anything is missing."""
+    with _guard():
+        from testbed.netem import current
+
+        lab = _load(name, state_dir)
+        st = lab.status()
+        _table(
+            f"lab {lab.name} ({'healthy' if st.healthy else 'NOT healthy'})",
+            ["host", "role", "address", "netns", "sshd"],
+            [
+                [
+                    h.name,
+                    h.role,
+                    h.ip,
+                    h.netns + ("" if h.netns_exists else " (missing)"),
+                    f"pid {h.sshd_pid}" if h.sshd_alive else "DOWN",
+                ]
+                for h in st.hosts
+            ],
+        )
+        typer.echo(f"inventory: {lab.inventory_path}")
+        imp = current(lab)
+        if imp is not None:
+            for dev, prof in imp.profiles.items():
+                typer.echo(f"impaired ({imp.backend}): {dev}: {prof.model_dump(exclude_none=True)}")
+        if not st.healthy:
+            raise typer.Exit(int(ExitCode.LAB))
+
+
+@app.command()
+def down(
+    name: NameOpt = "lab",
+    state_dir: StateOpt = None,
+    keep_files: Annotated[bool, typer.Option(help="Keep keys, logs and workdirs.")] = False,
+    dry_run: DryOpt = False,
+) -> None:
+    """Remove the lab (processes, namespaces, links, rules) and check nothing is left."""
+    with _guard():
+        lab = _load(name, state_dir, dry_run)
+        removed = lab.down(keep_files=keep_files)
+        if not dry_run:
+            typer.echo(f"lab {name} is down ({len(removed)} objects removed)")
+
+
+@app.command()
+def clean(
+    name: Annotated[
+        str | None, typer.Option("--name", help="Only this lab [default: every tb- lab].")
+    ] = None,
+    dry_run: DryOpt = False,
+) -> None:
+    """Remove leftovers of crashed labs (namespaces, links, sshd/holders), with no state needed."""
+    with _guard():
+        from testbed.lab import clean_all
+
+        removed = clean_all(name, runner=_runner(dry_run))
+        if dry_run:
+            return
+        for item in removed:
+            typer.echo(f"removed {item}")
+        typer.echo("nothing to clean" if not removed else f"{len(removed)} objects removed")
+
+
+@app.command()
+def impair(
+    rtt: Annotated[float, typer.Option("--rtt", help="Round-trip time to add, ms.")] = 85.0,
+    jitter: Annotated[float, typer.Option(help="Jitter per direction, ms (uniform).")] = 0.0,
+    loss: Annotated[float, typer.Option(help="Per-direction loss, 0..1.")] = 0.0,
+    loss_up: Annotated[float | None, typer.Option(help="Device->server loss, 0..1.")] = None,
+    loss_down: Annotated[float | None, typer.Option(help="Server->device loss, 0..1.")] = None,
+    rate: Annotated[float | None, typer.Option("--rate", help="Rate limit, Mbit/s.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the jitter.")] = None,
+    device: DevicesOpt = None,
+    backend: Annotated[str, typer.Option(help="auto | netem | nfqueue.")] = "auto",
+    holder: Annotated[str, typer.Option(help="nfqueue holder: auto | c | python.")] = "auto",
+    probe: Annotated[bool, typer.Option(help="Probe the links afterwards.")] = True,
+    name: NameOpt = "lab",
+    state_dir: StateOpt = None,
+    dry_run: DryOpt = False,
+) -> None:
+    """Impair the device <-> server links (controller traffic is never impaired)."""
+    with _guard():
+        from testbed.netem import LinkProfile, apply, format_result, probe_links
+
+        profile = LinkProfile.build(
+            "testbed lab impair",
+            rtt_ms=rtt,
+            jitter_ms=jitter,
+            loss=loss,
+            loss_up=loss_up,
+            loss_down=loss_down,
+            rate_mbit=rate,
+            seed=seed,
+        )
+        lab = _load(name, state_dir, dry_run)
+        imp = apply(lab, profile, device, backend=backend, holder=holder)
+        if dry_run:
+            return
+        how = f"{imp.backend} ({imp.reason}" + (f", {imp.holder} holder)" if imp.holder else ")")
+        typer.echo(f"applied with {how} to {', '.join(device or [d.name for d in lab.devices])}")
+        if probe:
+            for res in probe_links(lab, device).values():
+                typer.echo(format_result(res))
+
+
+@app.command("clear")
+def clear_cmd(
+    device: DevicesOpt = None,
+    name: NameOpt = "lab",
+    state_dir: StateOpt = None,
+    dry_run: DryOpt = False,
+) -> None:
+    """Remove the impairment (of the given devices, default all)."""
+    with _guard():
+        from testbed.netem import clear
+
+        left = clear(_load(name, state_dir, dry_run), device)
+        if not dry_run:
+            typer.echo("cleared" + (f"; still impaired: {sorted(left.profiles)}" if left else ""))
+
+
+@app.command("probe")
+def probe_cmd(
+    device: DevicesOpt = None,
+    count: Annotated[int, typer.Option(help="Probe packets per link.")] = 200,
+    interval: Annotated[float, typer.Option(help="Interval between packets, ms.")] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    name: NameOpt = "lab",
+    state_dir: StateOpt = None,
+) -> None:
+    """Measure RTT and per-direction loss of device links against the applied profile."""
+    with _guard():
+        from testbed.netem import format_result, probe_links
+
+        results = probe_links(_load(name, state_dir), device, count=count, interval_ms=interval)
+        for res in results.values():
+            if as_json:
+                sys.stdout.write(res.model_dump_json() + "\n")
+            else:
+                typer.echo(format_result(res))

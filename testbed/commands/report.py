@@ -1,0 +1,42 @@
+"""`testbed report RUN`: the per-condition summary of a run folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from testbed.errors import ExitCode
+
+
+def resolve_run(run: str) -> Path:
+    """A run folder given as a path or as a run id under results/."""
+    from testbed.paths import results_dir
+
+    path = Path(run)
+    if not path.exists():
+        path = results_dir() / run
+    if not (path / "manifest.json").exists():
+        typer.echo(f"{run}: not a run folder (no manifest.json)", err=True)
+        raise typer.Exit(ExitCode.BAD_INPUT)
+    return path
+
+
+def report(
+    run: str = typer.Argument(..., help="run folder, or a run id under results/"),
+    csv: Path | None = typer.Option(None, help="also write the condition table as CSV here"),
+) -> None:
+    """Print one row per condition: link measured, throughput, acceptance, fallback, accuracy."""
+    from testbed.results.report import condition_frame, print_summary, write_condition_table
+    from testbed.results.store import RunStore
+
+    store = RunStore(resolve_run(run))
+    write_condition_table(store)
+    df = condition_frame(store)
+    if df.empty:
+        typer.echo(f"{store.root}: no finished conditions yet")
+        raise typer.Exit(ExitCode.OK)
+    print_summary(df, title=f"run {store.root.name}")
+    if csv:
+        df.to_csv(csv, index=False)
+        typer.echo(f"wrote {csv}")

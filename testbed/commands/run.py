@@ -1,0 +1,1 @@
+"""placeholder: run commands (being written)."""

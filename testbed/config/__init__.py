@@ -1,0 +1,1 @@
+"""Validated configuration: experiment playbooks (and the loaders that name bad keys)."""

@@ -1,0 +1,125 @@
+"""Train a LlamaForCausalLM from scratch on the synthetic arithmetic set (CPU, deterministic).
+
+Each example is `[BOS] prompt answer [EOS]`, prompt and answer tokenized separately so the
+boundary matches what the model sees at inference (prompt alone, then generation). AdamW with
+linear warm-up and a cosine decay to a tenth of the peak rate; loss on every non-pad token.
+Determinism: a fixed seed for the weights and for batch sampling, and a fixed thread count.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from agents.workloads.arithmetic import Problem, prompt
+
+if TYPE_CHECKING:
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Optimiser settings of one training run."""
+
+    steps: int
+    lr: float
+    batch_size: int = 64
+    seed: int = 0
+    threads: int = 2
+    warmup_frac: float = 0.05
+    min_lr_frac: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+
+
+@dataclass
+class TrainResult:
+    """What a training run did: parameter count, losses, wall time."""
+
+    params: int
+    steps: int
+    final_loss: float
+    wall_s: float
+    loss_curve: list[tuple[int, float]] = field(default_factory=list)
+
+
+def encode_problems(
+    tokenizer: Tokenizer, problems: Sequence[Problem], bos_id: int, eos_id: int, pad_id: int
+) -> torch.Tensor:
+    """A right-padded (n, max_len) id tensor of `[BOS] prompt answer [EOS]` per problem."""
+    import torch
+
+    prompts = tokenizer.encode_batch([prompt(p) for p in problems], add_special_tokens=False)
+    answers = tokenizer.encode_batch([p.answer for p in problems], add_special_tokens=False)
+    seqs = [[bos_id, *q.ids, *a.ids, eos_id] for q, a in zip(prompts, answers)]
+    width = max(map(len, seqs))
+    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s)
+    return out
+
+
+def lr_factor(step: int, spec: TrainSpec) -> float:
+    """Multiplier of the peak learning rate at step: linear warm-up, cosine to min_lr_frac."""
+    warm = max(1, int(spec.steps * spec.warmup_frac))
+    cosine = 0.5 * (1 + math.cos(math.pi * min(step, spec.steps) / spec.steps))
+    return min(1.0, (step + 1) / warm) * (spec.min_lr_frac + (1 - spec.min_lr_frac) * cosine)
+
+
+def train_model(
+    config: LlamaConfig,
+    data: torch.Tensor,
+    spec: TrainSpec,
+    pad_id: int,
+    progress: Callable[[int, float], None] | None = None,
+) -> tuple[LlamaForCausalLM, TrainResult]:
+    """Train a fresh model of config on rows of data; progress(step, loss) every 25 steps."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    if spec.steps < 1 or spec.batch_size < 1:
+        raise ValueError(f"TrainSpec: steps and batch_size must be >= 1, got {spec}")
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    try:
+        torch.manual_seed(spec.seed)
+        model = LlamaForCausalLM(config)
+        model.train()
+        n_params = sum(p.numel() for p in model.parameters())
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=spec.weight_decay
+        )
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, spec))
+        gen = torch.Generator().manual_seed(spec.seed)
+        curve: list[tuple[int, float]] = []
+        t0 = time.perf_counter()
+        loss_value = float("nan")
+        for step in range(spec.steps):
+            batch = data[torch.randint(0, len(data), (spec.batch_size,), generator=gen)]
+            width = int((batch != pad_id).sum(1).max())
+            batch = batch[:, :width]
+            logits = model(input_ids=batch).logits[:, :-1]
+            target = batch[:, 1:].masked_fill(batch[:, 1:] == pad_id, -100)
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100
+            )
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            if step % 25 == 0 or step == spec.steps - 1:
+                loss_value = float(loss.item())
+                curve.append((step, round(loss_value, 4)))
+                if progress:
+                    progress(step, loss_value)
+        model.eval()
+        wall = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(old_threads)
+    return model, TrainResult(n_params, spec.steps, round(loss_value, 4), round(wall, 1), curve)

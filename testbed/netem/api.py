@@ -1,0 +1,183 @@
+"""Apply and clear link profiles on a lab's device <-> server links, with the right backend.
+
+The whole impairment of a lab (backend, per-device profiles, holder) is kept in
+`<lab state dir>/impairment.json`, so another process (`testbed lab clear`) can undo it.
+Every apply is verified on the system; a link whose impairment is not in place raises
+ImpairmentError instead of running unimpaired.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from testbed.errors import ImpairmentError
+from testbed.lab.emulated import EmulatedLab
+from testbed.lab.spec import LabHost
+from testbed.lab.system import SystemRunner
+from testbed.netem.detect import BackendName, choose_backend
+from testbed.netem.nfqueue import NfqueueBackend
+from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
+from testbed.netem.tcnetem import TcNetemBackend
+
+STATE_FILE = "impairment.json"
+
+
+class Impairment(BaseModel):
+    """What is applied to a lab now: which backend ran, why, and each device's profile."""
+
+    lab: str
+    backend: BackendName
+    reason: str
+    holder: str | None = None  # "c" or "python" for the nfqueue backend
+    profiles: dict[str, LinkProfile] = {}
+    backend_state: dict[str, Any] = {}
+    applied_at: float = 0.0
+    loss_semantics: str = LOSS_SEMANTICS
+
+
+class Backend(Protocol):
+    name: str
+
+    def apply(self, lab: EmulatedLab, profiles: dict[str, LinkProfile]) -> dict[str, Any]: ...
+
+    def clear(self, lab: EmulatedLab, state: dict[str, Any]) -> None: ...
+
+    def verify(
+        self, lab: EmulatedLab, profiles: dict[str, LinkProfile], state: dict[str, Any]
+    ) -> None: ...
+
+    def verify_clear(self, lab: EmulatedLab) -> None: ...
+
+
+def make_backend(name: str, runner: SystemRunner, holder: str = "auto") -> Backend:
+    if name == "netem":
+        return TcNetemBackend(runner)
+    return NfqueueBackend(runner, holder=holder)
+
+
+def _state_path(lab: EmulatedLab) -> Path:
+    return lab.state_dir / STATE_FILE
+
+
+def current(lab: EmulatedLab) -> Impairment | None:
+    """The impairment applied to `lab`, or None."""
+    path = _state_path(lab)
+    if not path.exists():
+        return None
+    try:
+        return Impairment.model_validate_json(path.read_text())
+    except (OSError, ValidationError) as exc:
+        raise ImpairmentError(f"{path}: unreadable impairment state: {exc}") from exc
+
+
+def _names(lab: EmulatedLab, devices: Iterable[str | LabHost] | None) -> list[str]:
+    if devices is None:
+        return [d.name for d in lab.devices]
+    names = [d.name if isinstance(d, LabHost) else d for d in devices]
+    known = {d.name for d in lab.devices}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ImpairmentError(
+            f"lab {lab.name} has no device(s) {unknown} (devices: {', '.join(sorted(known))})"
+        )
+    return names
+
+
+def apply(
+    lab: EmulatedLab,
+    profile: LinkProfile,
+    devices: Iterable[str | LabHost] | None = None,
+    backend: str = "auto",
+    holder: str = "auto",
+    runner: SystemRunner | None = None,
+) -> Impairment:
+    """Impair the links of `devices` (default: all) with `profile`; returns what is applied.
+
+    Devices not named keep their current profile. `backend` is auto | netem | nfqueue (auto
+    keeps the backend already in use, else netem where the kernel has it, else nfqueue);
+    `holder` is auto | c | python for nfqueue.
+    """
+    runner = runner or lab.runner
+    was = current(lab)
+    profiles = dict(was.profiles) if was else {}
+    for name in _names(lab, devices):
+        profiles[name] = profile
+    if was is not None and backend == "auto":
+        name, reason = was.backend, was.reason
+    else:
+        name, reason = choose_backend(backend, runner)
+    return _set_profiles(lab, was, profiles, name, reason, holder, runner)
+
+
+def clear(
+    lab: EmulatedLab,
+    devices: Iterable[str | LabHost] | None = None,
+    runner: SystemRunner | None = None,
+) -> Impairment | None:
+    """Remove the impairment of `devices` (default: all, checked gone); returns what remains."""
+    runner = runner or lab.runner
+    was = current(lab)
+    if was is None:
+        return None
+    if devices is not None:
+        drop = set(_names(lab, devices))
+        keep = {k: v for k, v in was.profiles.items() if k not in drop}
+        if keep:
+            return _set_profiles(
+                lab, was, keep, was.backend, was.reason, was.holder or "auto", runner
+            )
+    impl = make_backend(was.backend, runner)
+    impl.clear(lab, was.backend_state)
+    impl.verify_clear(lab)
+    if not runner.dry_run:
+        _state_path(lab).unlink(missing_ok=True)
+    return None
+
+
+def _set_profiles(
+    lab: EmulatedLab,
+    was: Impairment | None,
+    profiles: dict[str, LinkProfile],
+    name: BackendName,
+    reason: str,
+    holder: str,
+    runner: SystemRunner,
+) -> Impairment:
+    """Replace the lab's whole impairment by `profiles` with backend `name`, then verify it."""
+    profiles = {k: v for k, v in profiles.items() if not v.is_null}
+    if was is not None and was.backend != name:
+        make_backend(was.backend, runner).clear(lab, was.backend_state)
+    impl = make_backend(name, runner, holder)
+    try:
+        state = impl.apply(lab, profiles)
+        impl.verify(lab, profiles, state)
+    except BaseException:
+        _clear_quietly(impl, lab)
+        if not runner.dry_run:
+            _state_path(lab).unlink(missing_ok=True)
+        raise
+    imp = Impairment(
+        lab=lab.name,
+        backend=name,
+        reason=reason,
+        holder=state.get("holder"),
+        profiles=profiles,
+        backend_state=state,
+        applied_at=time.time(),
+    )
+    if not runner.dry_run:
+        tmp = _state_path(lab).with_suffix(".tmp")
+        tmp.write_text(imp.model_dump_json(indent=2))
+        tmp.replace(_state_path(lab))
+    return imp
+
+
+def _clear_quietly(impl: Backend, lab: EmulatedLab) -> None:
+    with contextlib.suppress(Exception):  # the original error is the one to report
+        impl.clear(lab, {"shaped_ports": [h.port for h in lab.hosts]})

@@ -1,0 +1,233 @@
+"""Measure a device <-> server link: RTT and loss per direction, against the requested profile.
+
+A UDP echo responder runs in the server's namespace and a sender in the device's (both
+`udp_probe.py`, started with `ip netns exec`), so the probe crosses exactly the path the agents
+use. Forward loss is counted at the responder, reverse loss from the echoes that came back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import select
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from testbed.errors import ImpairmentError
+from testbed.lab import naming
+from testbed.lab.emulated import EmulatedLab
+from testbed.lab.spec import LabHost
+from testbed.lab.system import SystemRunner
+from testbed.netem import stats
+from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
+
+SCRIPT = Path(__file__).resolve().parent / "udp_probe.py"
+BASE_PORT = 47000
+PROBE_RT_PRIO = 10  # below the holder's: the probe measures the link, not the CPU queue
+
+
+class RttStats(BaseModel):
+    n: int
+    mean: float
+    p50: float
+    p99: float
+    min: float
+    max: float
+
+
+class LossFigure(BaseModel):
+    """Measured loss in one direction (or round trip) and whether it fits the requested rate."""
+
+    requested: float | None
+    lost: int
+    of: int
+    rate: float | None
+    interval: tuple[int, int] | None = None  # 95 % binomial interval of lost packets
+    within: bool | None = None
+
+
+class ProbeResult(BaseModel):
+    """One link's measurement; errors are |measured - requested| RTT in ms."""
+
+    device: str
+    requested: LinkProfile | None
+    sent: int
+    received_by_server: int
+    received_back: int
+    rtt_ms: RttStats | None
+    rtt_error_ms: dict[str, float] | None
+    loss_up: LossFigure
+    loss_down: LossFigure
+    loss_round_trip: LossFigure
+    warmup_s: float
+    loss_semantics: str = LOSS_SEMANTICS
+
+    @property
+    def ok(self) -> bool:
+        """Loss inside the binomial interval in every direction (True when nothing requested)."""
+        return all(
+            f.within is not False for f in (self.loss_up, self.loss_down, self.loss_round_trip)
+        )
+
+
+def _loss(lost: int, of: int, requested: float | None) -> LossFigure:
+    fig = LossFigure(requested=requested, lost=lost, of=of, rate=lost / of if of else None)
+    if requested is not None and of:
+        fig.interval = stats.binomial_interval(of, requested)
+        fig.within = stats.loss_within(lost, of, requested)
+    return fig
+
+
+def summarize(
+    device: str,
+    requested: LinkProfile | None,
+    sent: int,
+    at_server: list[int],
+    rtts: dict[int, float],
+    warmup_s: float = 0.0,
+) -> ProbeResult:
+    """Turn raw probe output into figures (separate from running it, so it is testable)."""
+    fwd = len(set(at_server))
+    back = len(rtts)
+    values = list(rtts.values())
+    rtt = None
+    err = None
+    if values:
+        rtt = RttStats(
+            n=len(values),
+            mean=sum(values) / len(values),
+            p50=stats.percentile(values, 50),
+            p99=stats.percentile(values, 99),
+            min=min(values),
+            max=max(values),
+        )
+        if requested is not None:
+            errors = [abs(v - requested.rtt_ms) for v in values]
+            err = {
+                "median": stats.percentile(errors, 50),
+                "p99": stats.percentile(errors, 99),
+                "mean": sum(errors) / len(errors),
+                "mean_signed": sum(values) / len(values) - requested.rtt_ms,
+            }
+    up = requested.up_loss if requested else None
+    down = requested.down_loss if requested else None
+    rt = requested.round_trip_loss if requested else None
+    return ProbeResult(
+        device=device,
+        requested=requested,
+        sent=sent,
+        received_by_server=fwd,
+        received_back=back,
+        rtt_ms=rtt,
+        rtt_error_ms=err,
+        loss_up=_loss(sent - fwd, sent, up),
+        loss_down=_loss(fwd - back, fwd, down),
+        loss_round_trip=_loss(sent - back, sent, rt),
+        warmup_s=warmup_s,
+    )
+
+
+def _requested(lab: EmulatedLab, device: str) -> LinkProfile:
+    from testbed.netem.api import current
+
+    imp = current(lab)
+    if imp is None:
+        return LinkProfile()
+    return imp.profiles.get(device, LinkProfile())
+
+
+def probe_link(
+    lab: EmulatedLab,
+    device: str | LabHost,
+    requested: LinkProfile | None = None,
+    count: int = 200,
+    interval_ms: float = 10.0,
+    size: int = 64,
+    runner: SystemRunner | None = None,
+) -> ProbeResult:
+    """Probe one device's link to the server; `requested` defaults to what is applied now."""
+    runner = runner or lab.runner
+    dev = device if isinstance(device, LabHost) else lab.host(device)
+    if dev.role != "device":
+        raise ImpairmentError(f"{dev.name} is not a device of lab {lab.name}")
+    requested = requested if requested is not None else _requested(lab, dev.name)
+    port = BASE_PORT + lab.devices.index(dev)
+    tag = ["--tag", f"{naming.netns_prefix(lab.name)}probe", "--rt-prio", PROBE_RT_PRIO]
+    echo = runner.spawn(
+        [sys.executable, SCRIPT, "echo", "--bind", lab.server.ip, "--port", port, *tag],
+        netns=lab.server.netns,
+        stdout=subprocess.PIPE,
+        detach=False,
+    )
+    linger = max(1.0, 3 * (requested.rtt_ms + 2 * requested.jitter_ms) / 1000)
+    send_argv = [
+        sys.executable, SCRIPT, "send", "--dst", lab.server.ip, "--port", port,
+        "--count", count, "--interval-ms", interval_ms, "--size", size,
+        "--linger-s", f"{linger:.3f}", *tag,
+    ]  # fmt: skip
+    if echo is None:  # dry-run
+        runner.run(send_argv, netns=dev.netns)
+        return summarize(dev.name, requested, count, list(range(count)), {})
+    try:
+        assert echo.stdout is not None
+        ready, _, _ = select.select([echo.stdout], [], [], 10)
+        if not ready or echo.stdout.readline().strip() != b"ready":
+            raise ImpairmentError(f"probe responder did not start on {lab.server.name}")
+        budget = count * interval_ms / 1000 + linger + 30
+        res = runner.run(send_argv, netns=dev.netns, timeout=budget, error=ImpairmentError)
+        sent = json.loads(res.stdout)
+    finally:
+        echo.terminate()
+        try:
+            out, _ = echo.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            echo.kill()
+            out, _ = echo.communicate()
+    try:
+        at_server = json.loads(out.decode().strip().splitlines()[-1])["received"]
+    except (IndexError, ValueError, KeyError) as exc:
+        raise ImpairmentError(f"probe responder on {lab.server.name} gave no count") from exc
+    rtts = {int(k): float(v) for k, v in sent["rtt_ms"].items()}
+    return summarize(dev.name, requested, int(sent["sent"]), at_server, rtts, sent["warmup_s"])
+
+
+def probe_links(
+    lab: EmulatedLab,
+    devices: list[str | LabHost] | None = None,
+    requested: LinkProfile | None = None,
+    count: int = 200,
+    interval_ms: float = 10.0,
+    parallel: int = 4,
+) -> dict[str, ProbeResult]:
+    """Probe several device links (default: all), `parallel` at a time."""
+    targets = [d if isinstance(d, LabHost) else lab.host(d) for d in (devices or lab.devices)]
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(targets)))) as pool:
+        futures = {
+            d.name: pool.submit(probe_link, lab, d, requested, count, interval_ms) for d in targets
+        }
+        return {name: f.result() for name, f in futures.items()}
+
+
+def format_result(r: ProbeResult) -> str:
+    """One human-readable line per probe."""
+    req = r.requested
+    parts = [f"{r.device}:"]
+    if r.rtt_ms:
+        parts.append(f"rtt p50 {r.rtt_ms.p50:.2f} ms p99 {r.rtt_ms.p99:.2f} ms")
+        if r.rtt_error_ms and req and req.rtt_ms:
+            e = r.rtt_error_ms
+            parts.append(f"(error median {e['median']:.2f} p99 {e['p99']:.2f})")
+    else:
+        parts.append("no echo came back")
+
+    def pct(f: LossFigure) -> str:
+        rate = "n/a" if f.rate is None or math.isnan(f.rate) else f"{100 * f.rate:.1f}%"
+        mark = "" if f.within is None else (" ok" if f.within else " OUTSIDE 95% interval")
+        return f"{rate} of {f.of}{mark}"
+
+    parts.append(f"loss up {pct(r.loss_up)}, down {pct(r.loss_down)}")
+    return " ".join(parts)

@@ -1,0 +1,1 @@
+"""Run folders: manifest, condition journal, per-condition Parquet tables, summaries."""

@@ -1,0 +1,1 @@
+"""The experiment runner: playbook -> conditions -> lab, link, agents, records."""

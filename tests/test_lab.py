@@ -1,0 +1,249 @@
+"""The emulated lab: namespaces per host, sshd reachable through Fabric, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import require_root_netns
+
+from testbed.errors import BadInputError, LabError
+from testbed.lab import EmulatedLab, LabSpec, SystemRunner, clean_all, leftovers, naming
+from testbed.lab.discover import is_lab_process, list_netns, root_links
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def system_leftovers(lab: str) -> list[str]:
+    """What of `lab` exists, asked of the system directly (not of the lab's own code)."""
+    prefix = f"tb-{lab}-"
+    found = []
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found += [f"netns {line.split()[0]}" for line in out.splitlines() if line.startswith(prefix)]
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    found += [f"link {line}" for line in out.splitlines() if f" {prefix}" in line]
+    out = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True).stdout
+    found += [f"process {line}" for line in out.splitlines() if prefix in line]
+    return found
+
+
+def running(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie (an exited child waiting to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# --- no root needed ------------------------------------------------------------------------
+
+
+def test_spec_errors_name_the_field() -> None:
+    with pytest.raises(BadInputError, match=r"name: .*lowercase"):
+        LabSpec.build("cli", name="Bad-Name")
+    with pytest.raises(BadInputError, match=r"devices"):
+        LabSpec.build("cli", devices=0)
+    with pytest.raises(BadInputError, match=r"room for 6 hosts, the lab needs 10"):
+        LabSpec.build("cli", devices=8, subnet="10.77.0.0/29")
+
+
+def test_address_plan_and_names() -> None:
+    spec = LabSpec(name="x", devices=3, subnet="10.77.9.0/24")
+    hosts = spec.plan(Path("/s"))
+    assert [h.name for h in hosts] == ["server", "dev1", "dev2", "dev3"]
+    assert [h.ip for h in hosts] == ["10.77.9.1", "10.77.9.2", "10.77.9.3", "10.77.9.4"]
+    assert spec.controller_ip() == "10.77.9.254"
+    assert hosts[2].netns == "tb-x-dev2" and hosts[2].port == "p-dev2"
+    assert hosts[0].workdir == Path("/s/hosts/server")
+    longest = naming.controller_link("a" * 10)
+    assert len(longest) <= 15  # Linux interface name limit
+    assert naming.lab_of_netns("tb-abc-dev1") == "abc" and naming.lab_of_netns("other") is None
+
+
+def test_lab_processes_are_recognised_by_name() -> None:
+    sshd_title = ["sshd: /usr/sbin/sshd -f /x/sshd/tb-lab-dev1-sshd.conf -E /x/a.log [listener]"]
+    assert is_lab_process(sshd_title, "tb-lab-")
+    assert not is_lab_process(sshd_title, "tb-other-")
+    assert is_lab_process(["/c/tb-holder", "--tag", "tb-lab-holder", "100:1:0"], "tb-lab-")
+    assert not is_lab_process(["python", "-f", "tb-lab-x"], "tb-")  # not sshd, no tag
+    assert not is_lab_process(["pytest", "tests/test_lab.py"], "tb-")
+
+
+def test_dry_run_prints_actions_and_creates_nothing(tmp_path: Path) -> None:
+    printed: list[str] = []
+    runner = SystemRunner(dry_run=True, echo=printed.append)
+    state_dir = tmp_path / "state"
+    spec = LabSpec(name="tdry", devices=2, subnet="10.77.209.0/24", state_dir=state_dir)
+    lab = EmulatedLab.up(spec, runner=runner)
+    text = "\n".join(printed)
+    assert "[dry-run] ip netns add tb-tdry-sw" in text
+    assert "ip link add eth0 netns tb-tdry-dev2 type veth peer name p-dev2 netns tb-tdry-sw" in text
+    assert any(
+        line.startswith("[dry-run] ip netns exec tb-tdry-server /") and "sshd -f" in line
+        for line in printed
+    )
+    assert "ip addr add 10.77.209.254/24 dev tb-tdry-c" in text
+    assert [h.ip for h in lab.hosts] == ["10.77.209.1", "10.77.209.2", "10.77.209.3"]
+    assert not state_dir.exists()
+    assert system_leftovers("tdry") == []
+
+
+# --- root: a real lab ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory):
+    require_root_netns()
+    spec = LabSpec(
+        name="tlab",
+        devices=3,
+        subnet="10.77.201.0/24",
+        state_dir=tmp_path_factory.mktemp("tlab"),
+    )
+    with EmulatedLab.running(spec) as running:
+        yield running
+    assert system_leftovers("tlab") == []
+
+
+@pytest.fixture(scope="module")
+def hc(lab: EmulatedLab):
+    from testbed.hosts import HostControl
+
+    with HostControl(lab.inventory()) as control:
+        yield control
+
+
+def test_every_host_answers_ssh_from_its_own_namespace(lab: EmulatedLab, hc) -> None:
+    results = hc.run_all(
+        "ip -o -4 addr show dev eth0 | awk '{print $4}'; readlink /proc/self/ns/net; pwd"
+    )
+    assert set(results) == {"server", "dev1", "dev2", "dev3"}
+    seen_ns = set()
+    for host in lab.hosts:
+        addr, netns_id, cwd = results[host.name].stdout.split()
+        assert addr == f"{host.ip}/24"
+        assert cwd == str(host.workdir)
+        seen_ns.add(netns_id)
+    assert len(seen_ns) == 4  # four different network namespaces
+    assert os.readlink("/proc/self/ns/net") not in seen_ns  # none is the controller's
+
+
+def test_workdirs_exist_per_host(lab: EmulatedLab) -> None:
+    dirs = {h.workdir for h in lab.hosts}
+    assert len(dirs) == len(lab.hosts) and all(d.is_dir() for d in dirs)
+
+
+def test_status_reflects_the_system(lab: EmulatedLab) -> None:
+    st = EmulatedLab.load(lab.state_dir).status()
+    assert st.healthy
+    assert [h.name for h in st.hosts] == ["server", "dev1", "dev2", "dev3"]
+    assert all(h.sshd_alive for h in st.hosts)
+
+
+def test_inventory_written_by_up(lab: EmulatedLab) -> None:
+    inv = lab.inventory()
+    assert [h.name for h in inv.servers] == ["server"]
+    assert [h.name for h in inv.devices] == ["dev1", "dev2", "dev3"]
+    dev2 = inv.host("dev2")
+    assert dev2.address == "10.77.201.3" and dev2.netns == "tb-tlab-dev2"
+    assert dev2.key_file == lab.client_key and dev2.workdir == str(lab.host("dev2").workdir)
+    assert inv.vars["lab_kind"] == "emulated"
+
+
+def test_second_lab_with_same_name_is_refused(lab: EmulatedLab, tmp_path: Path) -> None:
+    spec = LabSpec(name="tlab", devices=1, subnet="10.77.208.0/24", state_dir=tmp_path)
+    with pytest.raises(LabError, match="already exists"):
+        EmulatedLab.up(spec)
+
+
+def test_overlapping_subnet_is_refused(lab: EmulatedLab, tmp_path: Path) -> None:
+    spec = LabSpec(name="tother", devices=1, subnet="10.77.201.0/25", state_dir=tmp_path)
+    with pytest.raises(LabError, match="overlaps"):
+        EmulatedLab.up(spec)
+    assert system_leftovers("tother") == []
+
+
+# --- root: teardown and crash recovery ----------------------------------------------------
+
+
+def test_down_leaves_nothing_behind(root_netns: None, tmp_path: Path) -> None:
+    from testbed.hosts import HostControl
+
+    spec = LabSpec(name="tdown", devices=2, subnet="10.77.206.0/24", state_dir=tmp_path / "s")
+    lab = EmulatedLab.up(spec)
+    try:
+        with HostControl(lab.inventory()) as hc:
+            agent = hc.start("dev1", "sleeper", "sleep 300")  # an agent left running
+        assert system_leftovers("tdown")
+        assert running(agent.pid)
+    finally:
+        lab.down()
+    assert system_leftovers("tdown") == []
+    assert not running(agent.pid)
+    assert not (tmp_path / "s").exists()
+
+
+CRASHER = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {repo!r})
+    from testbed.lab import EmulatedLab, LabSpec
+    from testbed.netem import LinkProfile, apply
+    lab = EmulatedLab.up(LabSpec(name="tcrash", devices=2, subnet="10.77.205.0/24",
+                                 state_dir={state!r}))
+    apply(lab, LinkProfile(rtt_ms=20))
+    print("up", flush=True)
+    os.kill(os.getpid(), 9)
+    """
+)
+
+
+def test_clean_after_a_crash_without_state(root_netns: None, tmp_path: Path) -> None:
+    state = tmp_path / "crash"
+    script = CRASHER.format(repo=str(REPO), state=str(state))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    try:
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        left = system_leftovers("tcrash")
+        assert any("holder" in x for x in left) and any("sshd" in x for x in left)
+        import shutil
+
+        shutil.rmtree(state)  # the state file is gone too
+    finally:
+        removed = clean_all("tcrash")
+    assert any(r.startswith("netns tb-tcrash-sw") for r in removed)
+    assert system_leftovers("tcrash") == []
+    assert leftovers("tcrash") == []
+
+
+def test_clean_dry_run_lists_but_keeps(root_netns: None, tmp_path: Path) -> None:
+    spec = LabSpec(name="tkeep", devices=1, subnet="10.77.207.0/24", state_dir=tmp_path)
+    lab = EmulatedLab.up(spec)
+    try:
+        printed: list[str] = []
+        clean_all("tkeep", runner=SystemRunner(dry_run=True, echo=printed.append))
+        assert any("ip netns del tb-tkeep-sw" in p for p in printed)
+        assert "tb-tkeep-sw" in list_netns(SystemRunner(), "tb-tkeep-")
+        assert root_links(SystemRunner(), "tb-tkeep-") == ["tb-tkeep-c"]
+    finally:
+        lab.down()
+    assert system_leftovers("tkeep") == []
+
+
+def test_up_failure_rolls_back(root_netns: None, tmp_path: Path, monkeypatch) -> None:
+    from testbed.lab import sshd
+
+    def broken(*_a, **_k):
+        raise LabError("sshd refused to start (simulated)")
+
+    monkeypatch.setattr(sshd, "start_sshd", broken)
+    spec = LabSpec(name="tfail", devices=1, subnet="10.77.210.0/24", state_dir=tmp_path)
+    with pytest.raises(LabError, match="simulated"):
+        EmulatedLab.up(spec)
+    assert system_leftovers("tfail") == []

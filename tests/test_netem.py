@@ -1,0 +1,263 @@
+"""Link impairment: profiles, rules, the NFQUEUE holder, probes, and controller traffic kept clean.
+
+Statistical checks use wide (99.9 %) binomial bounds so they do not flake; the 95 % figures
+are for `bench/bench_link.py`.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import require_root_netns
+
+from testbed.errors import BadInputError, ImpairmentError
+from testbed.lab import EmulatedLab, LabSpec, SystemRunner
+from testbed.netem import LinkProfile, apply, clear, current, probe_link, stats
+from testbed.netem.nfqueue import (
+    CHAIN_DOWN,
+    CHAIN_UP,
+    NfqueueBackend,
+    holder_tag,
+    plan_rules,
+    restore_text,
+)
+from testbed.netem.probe import summarize
+from testbed.netem.tcnetem import TcNetemBackend, netem_args
+
+# --- no root needed ------------------------------------------------------------------------
+
+
+def test_profile_validation_names_the_field() -> None:
+    with pytest.raises(BadInputError, match=r"loss: .*less than or equal to 1"):
+        LinkProfile.build("playbook.yaml", rtt_ms=85, loss=1.5)
+    with pytest.raises(BadInputError, match=r"jitter_ms .* must not exceed"):
+        LinkProfile.build("playbook.yaml", rtt_ms=10, jitter_ms=6)
+    with pytest.raises(BadInputError, match=r"rttms: Extra inputs"):
+        LinkProfile.build("playbook.yaml", rttms=10)
+
+
+def test_loss_semantics() -> None:
+    p = LinkProfile(rtt_ms=85, loss=0.1)
+    assert p.up_loss == p.down_loss == 0.1
+    assert p.round_trip_loss == pytest.approx(1 - 0.9**2)
+    q = LinkProfile(loss=0.5, loss_down=0.0)
+    assert (q.up_loss, q.down_loss, q.round_trip_loss) == (0.5, 0.0, 0.5)
+    assert LinkProfile().is_null and not LinkProfile(rate_mbit=5).is_null
+
+
+def test_binomial_interval() -> None:
+    assert stats.binomial_interval(200, 0.0) == (0, 0)
+    assert stats.binomial_interval(200, 1.0) == (200, 200)
+    lo, hi = stats.binomial_interval(200, 0.1)
+    assert lo < 20 < hi and 8 <= lo <= 13 and 27 <= hi <= 32
+    assert stats.loss_within(20, 200, 0.1) and not stats.loss_within(60, 200, 0.1)
+    assert not stats.loss_within(1, 200, 0.0) and stats.loss_within(0, 0, 0.5)
+    assert stats.percentile([1, 2, 3, 4], 50) == 2.5
+
+
+def test_summarize_counts_each_direction() -> None:
+    req = LinkProfile(rtt_ms=85, loss=0.5)
+    # 10 sent, 6 reached the server, 3 of those came back
+    res = summarize("dev1", req, 10, [0, 1, 2, 3, 4, 5], {0: 85.2, 1: 85.4, 2: 84.9})
+    assert (res.received_by_server, res.received_back) == (6, 3)
+    assert (res.loss_up.lost, res.loss_up.of) == (4, 10)
+    assert (res.loss_down.lost, res.loss_down.of) == (3, 6)
+    assert (res.loss_round_trip.lost, res.loss_round_trip.of) == (7, 10)
+    assert res.rtt_error_ms is not None
+    assert res.rtt_error_ms["median"] == pytest.approx(0.2)
+    assert res.ok
+
+
+def _dry_lab(tmp_path: Path, devices: int = 2) -> EmulatedLab:
+    spec = LabSpec(name="tdry", devices=devices, subnet="10.77.209.0/24", state_dir=tmp_path)
+    return EmulatedLab.up(spec, runner=SystemRunner(dry_run=True, echo=lambda _l: None))
+
+
+def test_rules_match_only_the_device_server_path(tmp_path: Path) -> None:
+    lab = _dry_lab(tmp_path)
+    devices = list(enumerate(lab.devices, start=1))
+    profiles = {"dev1": LinkProfile(rtt_ms=85, loss=0.1), "dev2": LinkProfile(rtt_ms=85, loss=1)}
+    rules = plan_rules(lab.server, devices, profiles)
+    server = lab.server.ip
+    for r in rules:
+        assert server in (r.src, r.dst)  # controller (10.77.209.254) never matches
+    dev1 = [r for r in rules if r.device == "dev1"]
+    assert [(r.chain, r.loss is not None, r.queue is not None) for r in dev1] == [
+        (CHAIN_UP, True, False),
+        (CHAIN_UP, False, True),
+        (CHAIN_DOWN, True, False),
+        (CHAIN_DOWN, False, True),
+    ]
+    dev2 = [r for r in rules if r.device == "dev2"]  # 100 %: a plain DROP, nothing queued
+    assert all(r.loss == 1 and r.queue is None for r in dev2)
+    text = restore_text(rules)
+    assert "--physdev-in p-dev1" in text and "--physdev-out p-dev1" in text
+    assert "-m statistic --mode random --probability 0.1000000000 -j DROP" in text
+    assert (
+        f"-A {CHAIN_UP} -s 10.77.209.3/32 -d {server}/32 -m physdev --physdev-in p-dev2 -j DROP"
+        in text
+    )
+
+
+def test_dry_run_apply_prints_rules_and_starts_nothing(tmp_path: Path) -> None:
+    printed: list[str] = []
+    lab = _dry_lab(tmp_path)
+    runner = SystemRunner(dry_run=True, echo=printed.append)
+    imp = apply(lab, LinkProfile(rtt_ms=85, loss=0.1), backend="nfqueue", runner=runner)
+    assert imp.backend == "nfqueue"
+    text = "\n".join(printed)
+    assert "iptables-restore --wait=5 --noflush" in text
+    assert "tb-holder --tag tb-tdry-holder --rt-prio 20 102:42500:0 103:42500:0" in text
+    assert not (tmp_path / "impairment.json").exists()
+
+
+def test_netem_backend_commands(tmp_path: Path) -> None:
+    lab = _dry_lab(tmp_path)
+    runner = SystemRunner(dry_run=True, echo=lambda _l: None)
+    TcNetemBackend(runner).apply(lab, {"dev2": LinkProfile(rtt_ms=85, jitter_ms=1, loss=0.1)})
+    cmds = [a for a in runner.actions if " tc " in f" {a.split(' tb-tdry-sw ')[-1]} "]
+    text = "\n".join(cmds)
+    netem = "netem limit 100000 delay 42.5ms 1ms loss random 10%"
+    assert f"tc qdisc add dev p-dev2 parent 1:2 handle 2: {netem}" in text
+    match = "u32 match ip src 10.77.209.1/32 flowid 1:2"
+    assert f"tc filter add dev p-dev2 parent 1: protocol ip prio 1 {match}" in text
+    assert "match ip src 10.77.209.3/32 match ip dst 10.77.209.1/32 flowid 1:102" in text
+    assert "p-dev1" not in text.replace("tc qdisc del dev p-dev1 root", "")
+    assert netem_args(LinkProfile(loss=1.0), "up") == [
+        "netem",
+        "limit",
+        "100000",
+        "loss",
+        "random",
+        "100%",
+    ]
+
+
+# --- root: a real lab ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory):
+    require_root_netns()
+    spec = LabSpec(
+        name="tnet", devices=2, subnet="10.77.202.0/24", state_dir=tmp_path_factory.mktemp("tnet")
+    )
+    with EmulatedLab.running(spec) as running:
+        yield running
+
+
+@pytest.fixture
+def clean_links(lab: EmulatedLab):
+    yield lab
+    clear(lab)
+
+
+def _bound(figure, level: float = 0.999) -> bool:
+    """Measured loss inside a wide binomial interval around the requested rate."""
+    return stats.loss_within(figure.lost, figure.of, figure.requested, level)
+
+
+def test_unimpaired_link_is_fast(lab: EmulatedLab) -> None:
+    res = probe_link(lab, "dev1", count=50, interval_ms=5)
+    assert res.received_back == 50 and res.rtt_ms is not None and res.rtt_ms.p50 < 5
+
+
+def test_85ms_rtt_without_loss(clean_links: EmulatedLab) -> None:
+    lab = clean_links
+    imp = apply(lab, LinkProfile(rtt_ms=85))
+    assert imp.backend in ("netem", "nfqueue") and set(imp.profiles) == {"dev1", "dev2"}
+    if imp.backend == "nfqueue":
+        assert imp.holder in ("c", "python")
+    res = probe_link(lab, "dev1", count=200, interval_ms=5)
+    assert res.received_back == 200
+    assert abs(res.rtt_ms.p50 - 85) <= 1.0, res.rtt_ms
+    assert current(lab) is not None and current(lab).profiles["dev1"].rtt_ms == 85
+
+
+def test_loss_is_per_direction(clean_links: EmulatedLab) -> None:
+    lab = clean_links
+    apply(lab, LinkProfile(rtt_ms=20, loss=0.2))
+    res = probe_link(lab, "dev2", count=400, interval_ms=3)
+    assert _bound(res.loss_up) and _bound(res.loss_down) and _bound(res.loss_round_trip)
+    assert 0 < res.loss_round_trip.lost < 400
+    assert abs(res.rtt_ms.p50 - 20) <= 1.0
+
+
+def test_one_device_only(clean_links: EmulatedLab) -> None:
+    lab = clean_links
+    apply(lab, LinkProfile(rtt_ms=40), devices=["dev2"])
+    fast = probe_link(lab, "dev1", count=40, interval_ms=5)
+    slow = probe_link(lab, "dev2", count=40, interval_ms=5)
+    assert fast.rtt_ms.p50 < 5 and abs(slow.rtt_ms.p50 - 40) <= 1.0
+    assert set(current(lab).profiles) == {"dev2"}
+
+
+def test_full_loss_keeps_controller_ssh(clean_links: EmulatedLab) -> None:
+    from testbed.hosts import HostControl
+
+    lab = clean_links
+    apply(lab, LinkProfile(rtt_ms=85, loss=1.0))
+    res = probe_link(lab, "dev1", count=50, interval_ms=5)
+    assert res.received_by_server == 0 and res.received_back == 0
+    with HostControl(lab.inventory()) as hc:
+        out = hc.run_all("echo alive", hosts=["server", "dev1", "dev2"])
+        assert all(r.stdout.strip() == "alive" for r in out.values())
+        # and the device really cannot reach the server's sshd, while the controller can
+        connect = f"import socket; socket.create_connection(('{lab.server.ip}', 22), 2)"
+        blocked = hc.run("dev1", f'{sys.executable} -c "{connect}"', check=False)
+        assert not blocked.ok and "timed out" in blocked.stderr
+    socket.create_connection((lab.server.ip, 22), 2).close()
+
+
+def test_verify_refuses_a_dead_holder(clean_links: EmulatedLab) -> None:
+    import os
+    import signal
+
+    lab = clean_links
+    imp = apply(lab, LinkProfile(rtt_ms=30))
+    if imp.backend != "nfqueue":
+        pytest.skip("holder only exists with the nfqueue backend")
+    backend = NfqueueBackend(lab.runner)
+    backend.verify(lab, imp.profiles, imp.backend_state)  # in place: no error
+    os.kill(imp.backend_state["holder_pid"], signal.SIGKILL)
+    with pytest.raises(ImpairmentError, match="not running|no holder bound"):
+        for _ in range(50):  # until the kernel has noticed
+            backend.verify(lab, imp.profiles, imp.backend_state)
+    # and with the holder gone, packets are dropped, not passed unimpaired
+    res = probe_link(lab, "dev1", count=20, interval_ms=5)
+    assert res.received_back == 0
+
+
+def test_python_holder(clean_links: EmulatedLab) -> None:
+    lab = clean_links
+    imp = apply(lab, LinkProfile(rtt_ms=50), backend="nfqueue", holder="python")
+    assert (imp.backend, imp.holder) == ("nfqueue", "python")
+    res = probe_link(lab, "dev1", count=100, interval_ms=5)
+    assert abs(res.rtt_ms.p50 - 50) <= 1.0
+
+
+def test_clear_removes_rules_and_holder(lab: EmulatedLab) -> None:
+    from testbed.lab.discover import tagged_processes
+
+    apply(lab, LinkProfile(rtt_ms=30, loss=0.1))
+    clear(lab)
+    assert current(lab) is None
+    saved = subprocess.run(
+        ["ip", "netns", "exec", lab.bridge_netns, "iptables-save", "-t", "mangle"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert f"-A {CHAIN_UP} " not in saved and f"-A {CHAIN_DOWN} " not in saved
+    assert tagged_processes(holder_tag(lab.name)) == []
+    res = probe_link(lab, "dev2", count=30, interval_ms=5)
+    assert res.received_back == 30 and res.rtt_ms.p50 < 5
+
+
+def test_unknown_device_is_refused(lab: EmulatedLab) -> None:
+    with pytest.raises(ImpairmentError, match="no device"):
+        apply(lab, LinkProfile(rtt_ms=10), devices=["dev9"])
+    assert current(lab) is None

@@ -1,0 +1,256 @@
+"""SLED device and server agents over real UDP on loopback, with the real tiny models."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agents.engines.base import TokenizerMismatchError
+from agents.engines.llama_cpp import LlamaCppEngine
+from agents.engines.torch_hf import TorchEngine
+from agents.protocol import wire
+from agents.records import RecordWriter, read_records
+from agents.sled.device import DeviceAgent, DeviceConfig
+from agents.sled.link import ServerLink
+from agents.sled.server import VerificationServer
+from agents.spec.decoding import generate_ad
+from agents.workloads.arithmetic import heldout_problems, prompt
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    return TorchEngine(tiny_pair.target_hf, threads=1)
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_pair):
+    return LlamaCppEngine(tiny_pair.draft_gguf, n_threads=1)
+
+
+class ServerThread:
+    """A VerificationServer on 127.0.0.1 served from a background thread."""
+
+    def __init__(self, engine, records: Path, window_ms: float = 2.0) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.addr = self.sock.getsockname()
+        self.records = RecordWriter(records)
+        self.server = VerificationServer(engine, self.sock, self.records, window_ms=window_ms)
+        self.thread = threading.Thread(target=self.server.serve, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.stopping = True
+        self.thread.join(5)
+        self.records.close()
+        self.sock.close()
+
+
+class LossyRelay:
+    """A UDP forwarder on loopback that drops everything while `down` is set."""
+
+    def __init__(self, server: tuple[str, int]) -> None:
+        self.server = server
+        self.down = threading.Event()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.05)
+        self.addr = self.sock.getsockname()
+        self.client: tuple[str, int] | None = None
+        self.running = True
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while self.running:
+            try:
+                data, addr = self.sock.recvfrom(65535)
+            except (TimeoutError, OSError):
+                continue
+            if self.down.is_set():
+                continue
+            if addr == self.server:
+                if self.client:
+                    self.sock.sendto(data, self.client)
+            else:
+                self.client = addr
+                self.sock.sendto(data, self.server)
+
+    def stop(self) -> None:
+        self.running = False
+        self.thread.join(2)
+        self.sock.close()
+
+
+def problems(n: int, seed: int = 5) -> list[dict]:
+    return [
+        {"id": p.id, "prompt": prompt(p), "reference": p.result}
+        for p in heldout_problems(n, seed=seed)
+    ]
+
+
+def run_device(draft, addr, records: Path, items, dev="d1", **cfg) -> list[dict]:
+    link = ServerLink(addr, bind=("127.0.0.1", 0))
+    with RecordWriter(records) as writer:
+        agent = DeviceAgent(draft, link, writer, DeviceConfig(dev, **cfg))
+        agent.run(items)
+    link.close()
+    return read_records(records / "rounds.jsonl")
+
+
+def test_verified_answers_equal_the_targets_greedy_answers(tmp_path, draft, target):
+    server = ServerThread(target, tmp_path / "server")
+    try:
+        items = problems(4)
+        rounds = run_device(draft, server.addr, tmp_path / "dev", items, max_new=48)
+    finally:
+        server.stop()
+    assert rounds and all(r["mode"] == "verified" for r in rounds)
+    assert any(r["accepted"] > 0 for r in rounds)
+    for req in read_records(tmp_path / "dev" / "requests.jsonl"):
+        item = next(i for i in items if i["id"] == req["problem"])
+        ad = generate_ad(target, target.tokenize(item["prompt"]), 48)
+        assert req["text"] == target.detokenize(ad.tokens)
+        assert req["verified_tokens"] == req["tokens"] == len(ad.tokens)
+
+
+def test_two_devices_are_verified_in_shared_batches(tmp_path, draft, tiny_pair, target):
+    server = ServerThread(target, tmp_path / "server", window_ms=40.0)
+    draft2 = LlamaCppEngine(tiny_pair.draft_gguf, n_threads=1)
+    try:
+        results = {}
+
+        def go(dev, engine, seed):
+            results[dev] = run_device(
+                engine, server.addr, tmp_path / dev, problems(2, seed), dev=dev, max_new=32
+            )
+
+        threads = [
+            threading.Thread(target=go, args=("d1", draft, 1)),
+            threading.Thread(target=go, args=("d2", draft2, 2)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        server.stop()
+    batches = read_records(tmp_path / "server" / "batches.jsonl")
+    assert max(b["batch"] for b in batches) == 2
+    for dev in ("d1", "d2"):
+        reqs = read_records(tmp_path / dev / "requests.jsonl")
+        for req in reqs:
+            item = next(
+                i for i in problems(2, 1 if dev == "d1" else 2) if i["id"] == req["problem"]
+            )
+            ad = generate_ad(target, target.tokenize(item["prompt"]), 32)
+            assert req["text"] == target.detokenize(ad.tokens), dev
+
+
+def test_repeated_request_id_is_answered_from_cache(tmp_path, target):
+    server = ServerThread(target, tmp_path / "server")
+    link = ServerLink(server.addr, bind=("127.0.0.1", 0))
+    try:
+        ids = target.tokenize("Q: Tom has 3 apples. Sara gives Tom 4 more. How many apples")
+        req = wire.Verify("d1", 10, "s1", 0, ids, [5, 6, 7])
+        wanted = lambda m: isinstance(m, wire.Verdict)  # noqa: E731
+        first = link.request(req, wanted).reply
+        batches_after_first = server.server.batches
+        again = link.request(req, wanted).reply
+        assert again == first
+        assert server.server.batches == batches_after_first  # not recomputed
+        stale = link.request(wire.Verify("d1", 9, "s1", 0, ids, [1]), wanted, 0.2, 0)
+        assert stale.reply is None  # an older id is ignored
+        resync = link.request(
+            wire.Verify("d1", 11, "s9", 5, [3], [4]), lambda m: isinstance(m, wire.Resync)
+        ).reply
+        assert resync.have == 0
+    finally:
+        link.close()
+        server.stop()
+
+
+def test_tokenizer_mismatch_is_refused_naming_both_hashes(tmp_path, target, draft):
+    server = ServerThread(target, tmp_path / "server")
+    link = ServerLink(server.addr, bind=("127.0.0.1", 0))
+    try:
+        ack = link.request(
+            wire.Hello("d1", "f" * 64, rid=1), lambda m: isinstance(m, wire.HelloAck)
+        ).reply
+        assert not ack.ok
+        assert "ffffffffffffffff" in ack.reason and target.tokenizer_hash[:16] in ack.reason
+
+        class OtherTokenizer:  # the device's engine reporting another tokenizer
+            def __getattr__(self, name):
+                return getattr(draft, name)
+
+            tokenizer_hash = "e" * 64
+
+        with RecordWriter(tmp_path / "dev") as writer:
+            agent = DeviceAgent(OtherTokenizer(), link, writer, DeviceConfig("d1"))
+            with pytest.raises(TokenizerMismatchError, match="eeeeeeeeeeeeeeee"):
+                agent.handshake()
+    finally:
+        link.close()
+        server.stop()
+
+
+def test_no_server_means_every_token_is_fallback(tmp_path, draft):
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))  # bound but never answers: every datagram is "lost"
+    try:
+        t0 = time.monotonic()
+        rounds = run_device(draft, silent.getsockname(), tmp_path / "dev", problems(3))
+        elapsed = time.monotonic() - t0
+    finally:
+        silent.close()
+    assert rounds and all(r["mode"] == "fallback" for r in rounds)
+    reqs = read_records(tmp_path / "dev" / "requests.jsonl")
+    assert len(reqs) == 3
+    assert all(r["fallback_tokens"] == r["tokens"] > 0 for r in reqs)
+    # handshake (4 x 200 ms) is the only wait: fallback rounds never block on the network
+    assert elapsed < 30, elapsed
+
+
+def test_device_returns_to_verification_when_the_link_heals(tmp_path, draft, target):
+    server = ServerThread(target, tmp_path / "server")
+    relay = LossyRelay(server.addr)
+    relay.down.set()
+    healed_at: list[float] = []
+    rounds_file = tmp_path / "dev" / "rounds.jsonl"
+    link = ServerLink(relay.addr, bind=("127.0.0.1", 0))
+    writer = RecordWriter(tmp_path / "dev")
+    agent = DeviceAgent(draft, link, writer, DeviceConfig("d1", max_new=48))
+
+    def heal_then_stop() -> None:  # once the device is in fallback, bring the link back
+        while not (rounds_file.exists() and rounds_file.stat().st_size):
+            time.sleep(0.01)
+        time.sleep(0.2)
+        healed_at.append(time.time())
+        relay.down.clear()
+        time.sleep(2.0)
+        agent.stopping = True
+
+    threading.Thread(target=heal_then_stop, daemon=True).start()
+    try:
+        # the tiny draft emits a fallback answer in about a millisecond: many problems keep
+        # the device busy until it is stopped
+        agent.run(problems(3000))
+    finally:
+        writer.close()
+        link.close()
+        relay.stop()
+        server.stop()
+    rounds = read_records(rounds_file)
+    modes = [r["mode"] for r in rounds]
+    assert modes[0] == "fallback"
+    assert "verified" in modes
+    first_verified = next(r for r in rounds if r["mode"] == "verified")
+    assert first_verified["t_start"] >= healed_at[0] - 0.25  # nothing verified while down
+    # after healing the device stays on verification
+    after = [r for r in rounds if r["t_start"] > first_verified["t_start"]]
+    assert after and all(r["mode"] == "verified" for r in after)
