@@ -22,7 +22,7 @@ setup: system-packages $(STAMP)
 # Debian/Ubuntu packages the lab needs: sshd per emulated host, netfilter tools and the
 # NFQUEUE library for the packet holder, a compiler and cmake for llama.cpp.
 APT_PACKAGES := openssh-server iptables nftables iproute2 ethtool libnetfilter-queue-dev \
-	libnfnetlink-dev build-essential cmake
+	libnfnetlink-dev build-essential cmake procps
 
 system-packages:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -35,7 +35,7 @@ system-packages:
 	fi
 
 $(STAMP): pyproject.toml constraints.txt
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV) || { apt-get install -y -q python3-venv && $(PY) -m venv $(VENV); }
 	$(BIN)/pip install -q --upgrade pip wheel setuptools
 	$(BIN)/pip install -q torch==2.13.0
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -c constraints.txt -e '.[device,server,controller,dev]'

@@ -68,7 +68,9 @@ def bench(lab: EmulatedLab, args: argparse.Namespace) -> list[dict[str, object]]
     for loss in LOSSES:
         imp = apply(lab, LinkProfile(rtt_ms=args.rtt, loss=loss), holder=args.holder)
         backend = imp.backend + (f"/{imp.holder}" if imp.holder else "")
-        results = probe_links(lab, count=args.count, interval_ms=args.interval, parallel=1)
+        results = probe_links(
+            lab, count=args.count, interval_ms=args.interval, parallel=args.parallel
+        )
         for res in results.values():
             rows.append(row(loss, backend, res))
         if loss == 1.0:
@@ -83,6 +85,7 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=500, help="probe packets per link and rate")
     ap.add_argument("--interval", type=float, default=5.0, help="ms between probe packets")
     ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=1, help="links probed at the same time")
     ap.add_argument("--holder", default="auto", choices=["auto", "c", "python"])
     ap.add_argument("--lab", help="use this running lab instead of a temporary one")
     ap.add_argument("--json", type=Path, help="also write the rows (with raw results) here")

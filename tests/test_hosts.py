@@ -135,8 +135,8 @@ def test_shell_quoting(tmp_path: Path) -> None:
 
 def test_start_script_runs_detached_locally(tmp_path: Path) -> None:
     """The same script Fabric sends, run by a local shell: pid, log and exit code files."""
-    script = start_script(str(tmp_path), "job", 'echo "out $V"; exit 7', env={"V": "1 2"})
-    pid = int(subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout)
+    script = start_script(str(tmp_path), "job", 'echo "out $V $PWD"; exit 7', env={"V": "1 2"})
+    pid = int(subprocess.run(["sh", "-c", script], capture_output=True, text=True, cwd="/").stdout)
     assert pid > 0
     rc = tmp_path / ".testbed" / "job.rc"
     for _ in range(200):
@@ -144,7 +144,7 @@ def test_start_script_runs_detached_locally(tmp_path: Path) -> None:
             break
         subprocess.run(["sleep", "0.02"])
     assert rc.read_text().strip() == "7"
-    assert (tmp_path / ".testbed" / "job.log").read_text() == "out 1 2\n"
+    assert (tmp_path / ".testbed" / "job.log").read_text() == f"out 1 2 {tmp_path}\n"
 
 
 def test_dry_run_prints_and_connects_to_nothing(tmp_path: Path) -> None:
@@ -198,12 +198,12 @@ def test_failures_name_the_host(hc: HostControl) -> None:
 
 
 def test_background_process_lifecycle(hc: HostControl) -> None:
-    proc = hc.start("server", "agent", 'echo "started $ROLE"; exec sleep 60', env={"ROLE": "srv"})
+    proc = hc.start("server", "agent", 'echo "$ROLE in $PWD"; exec sleep 60', env={"ROLE": "srv"})
     assert hc.is_alive(proc)
     workdir = hc.inventory.host("server").workdir
     assert proc.log_file == f"{workdir}/.testbed/agent.log"
     assert Path(proc.pid_file).read_text().strip() == str(proc.pid)
-    assert "started srv" in hc.log_tail(proc)
+    assert f"srv in {workdir}" in hc.log_tail(proc)
     assert hc.stop(proc, grace_s=3) is False  # went on SIGTERM
     assert not hc.is_alive(proc)
 
@@ -233,3 +233,19 @@ def test_put_and_get_files(hc: HostControl, tmp_path: Path) -> None:
     assert got.read_text() == "payload ✓\n"
     with pytest.raises(AgentError, match=r"dev2: cannot fetch"):
         hc.get("dev2", "missing.txt", tmp_path / "m.txt")
+
+
+def test_start_and_stop_on_every_device(hc: HostControl) -> None:
+    devices = hc.inventory.devices
+    procs = hc.start_all(
+        "drafter",
+        lambda h: f'echo "$DEVICE at {h.address}"; exec sleep 60',
+        devices,
+        env=lambda h: {"DEVICE": h.name},
+    )
+    assert set(procs) == {"dev1", "dev2"}
+    assert all(hc.is_alive(p) for p in procs.values())
+    assert "dev2 at 10.77.203.3" in hc.log_tail(procs["dev2"])
+    stopped = hc.stop_all(procs.values(), grace_s=2)
+    assert stopped == {"dev1/drafter": False, "dev2/drafter": False}
+    assert not any(hc.is_alive(p) for p in procs.values())

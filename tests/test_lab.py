@@ -247,3 +247,41 @@ def test_up_failure_rolls_back(root_netns: None, tmp_path: Path, monkeypatch) ->
     with pytest.raises(LabError, match="simulated"):
         EmulatedLab.up(spec)
     assert system_leftovers("tfail") == []
+
+
+# --- the `testbed lab` commands ------------------------------------------------------------
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from testbed.commands.lab import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_cli_dry_run_and_exit_codes(tmp_path: Path) -> None:
+    state = str(tmp_path / "s")
+    res = _cli("up", "--name", "tcli", "--subnet", "10.77.212.0/24", "--state-dir", state,
+               "--dry-run")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "[dry-run] ip netns add tb-tcli-sw" in res.output
+    assert system_leftovers("tcli") == [] and not Path(state).exists()
+    assert _cli("up", "--devices", "0", "--dry-run").exit_code == 2  # bad input
+    missing = _cli("status", "--name", "tnone", "--state-dir", state)
+    assert missing.exit_code == 3 and "no lab state" in missing.output
+
+
+def test_cli_up_status_down(root_netns: None, tmp_path: Path) -> None:
+    state = str(tmp_path / "s")
+    common = ["--name", "tcli", "--state-dir", state]
+    try:
+        up = _cli("up", "--devices", "2", "--subnet", "10.77.212.0/24", *common)
+        assert up.exit_code == 0, up.output
+        st = _cli("status", *common)
+        assert st.exit_code == 0 and "(healthy)" in st.output and "tb-tcli-dev2" in st.output
+        assert _cli("down", *common).exit_code == 0
+    finally:
+        clean_all("tcli")
+    assert system_leftovers("tcli") == []
+    assert _cli("status", *common).exit_code == 3

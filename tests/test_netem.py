@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 from conftest import require_root_netns
 
-from testbed.errors import BadInputError, ImpairmentError
+from testbed.errors import BadInputError, ImpairmentError, PrivilegeError
 from testbed.lab import EmulatedLab, LabSpec, SystemRunner
-from testbed.netem import LinkProfile, apply, clear, current, probe_link, stats
+from testbed.netem import LinkProfile, apply, clear, current, probe_link, stats, verify
 from testbed.netem.nfqueue import (
     CHAIN_DOWN,
     CHAIN_UP,
-    NfqueueBackend,
     holder_tag,
     plan_rules,
     restore_text,
@@ -221,12 +220,11 @@ def test_verify_refuses_a_dead_holder(clean_links: EmulatedLab) -> None:
     imp = apply(lab, LinkProfile(rtt_ms=30))
     if imp.backend != "nfqueue":
         pytest.skip("holder only exists with the nfqueue backend")
-    backend = NfqueueBackend(lab.runner)
-    backend.verify(lab, imp.profiles, imp.backend_state)  # in place: no error
+    assert verify(lab) == imp  # in place: no error
     os.kill(imp.backend_state["holder_pid"], signal.SIGKILL)
     with pytest.raises(ImpairmentError, match="not running|no holder bound"):
         for _ in range(50):  # until the kernel has noticed
-            backend.verify(lab, imp.profiles, imp.backend_state)
+            verify(lab)
     # and with the holder gone, packets are dropped, not passed unimpaired
     res = probe_link(lab, "dev1", count=20, interval_ms=5)
     assert res.received_back == 0
@@ -261,3 +259,41 @@ def test_unknown_device_is_refused(lab: EmulatedLab) -> None:
     with pytest.raises(ImpairmentError, match="no device"):
         apply(lab, LinkProfile(rtt_ms=10), devices=["dev9"])
     assert current(lab) is None
+
+
+def _tc_classes(lab: EmulatedLab, port: str) -> str:
+    return subprocess.run(
+        ["ip", "netns", "exec", lab.bridge_netns, "tc", "class", "show", "dev", port],
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def test_rate_limit_classes_follow_the_profile(clean_links: EmulatedLab) -> None:
+    lab = clean_links
+    apply(lab, LinkProfile(rtt_ms=10, rate_mbit=20), devices=["dev1"])
+    assert "rate 20Mbit" in _tc_classes(lab, "p-dev1")  # server -> dev1
+    assert "rate 20Mbit" in _tc_classes(lab, "p-server")  # dev1 -> server
+    assert _tc_classes(lab, "p-dev2") == ""
+    apply(lab, LinkProfile(rtt_ms=10), devices=["dev1"])  # rate dropped: shaping removed
+    assert _tc_classes(lab, "p-dev1") == "" and _tc_classes(lab, "p-server") == ""
+
+
+def test_jitter_spreads_rtt_without_reordering(clean_links: EmulatedLab) -> None:
+    lab = clean_links
+    apply(lab, LinkProfile(rtt_ms=40, jitter_ms=4, seed=7), devices=["dev1"])
+    res = probe_link(lab, "dev1", count=200, interval_ms=5)
+    assert res.rtt_ms.max - res.rtt_ms.min > 2.0  # spread by the jitter
+    assert res.rtt_ms.min >= 32 - 0.5 and res.rtt_ms.max <= 48 + 2.0  # within +-j each way
+
+
+def test_holder_falls_back_to_python_without_a_compiler(tmp_path: Path, monkeypatch) -> None:
+    from testbed.netem import holder_build
+
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))  # nothing compiled there yet
+    monkeypatch.setattr(holder_build.shutil, "which", lambda _name: None)
+    holder = holder_build.find_holder()
+    assert holder.kind == "python" and holder.argv[-1].endswith("holder_py.py")
+    assert "no C compiler" in holder.note
+    with pytest.raises(PrivilegeError, match="C packet holder unavailable"):
+        holder_build.find_holder("c")

@@ -264,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         except TokenizerMismatchError as exc:
             print(f"device {args.dev}: refused by the server: {exc}", file=sys.stderr)
             return 3
-        status = {"dev": args.dev, "answered": answered, "seconds": time.time() - t0}
+        t1 = time.time()
+        status = {"dev": args.dev, "answered": answered, "t_start": t0, "t_end": t1,
+                  "seconds": t1 - t0}  # fmt: skip
         (args.records / "status.json").write_text(json.dumps(status) + "\n")
     print(f"device {args.dev}: answered {answered}/{len(problems)} problems")
     return 0

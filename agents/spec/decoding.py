@@ -28,6 +28,8 @@ class Generation:
     drafted: int = 0
     accepted: int = 0
     accepted_lengths: list[int] = field(default_factory=list)  # per round, with the bonus
+    draft_seconds: float = 0.0  # SD: time spent drafting
+    verify_seconds: float = 0.0  # SD: time spent in target forwards and the acceptance rule
 
     @property
     def acceptance_rate(self) -> float:
@@ -124,11 +126,15 @@ def generate_sd(
     gen = Generation([], 0.0)
     try:
         while True:
+            t_draft = time.perf_counter()
             drafts, q = draft_tokens(ds, committed, k, temperature, rng)
+            t_verify = time.perf_counter()
             feed = ts.prepare(committed)
             logits = ts.score(feed + drafts)[len(feed) - 1 :]
             verdict = verify(logits, drafts, temperature, q, rng)
             ts.truncate(len(committed) + verdict.accepted)
+            gen.draft_seconds += t_verify - t_draft
+            gen.verify_seconds += time.perf_counter() - t_verify
             new = verdict.emitted(drafts)
             committed.extend(new)
             gen.rounds += 1

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(help="Benchmarks: figures measured side by side in one run.", no_args_is_help=True)
+app = typer.Typer(
+    help="Benchmarks: figures measured side by side in one run.", no_args_is_help=True
+)
 
 
 @app.command("sd")
@@ -40,15 +42,17 @@ def sd(
         f"({res.ad_tokens / res.ad_seconds:.1f} tok/s)\n"
         f"  SD: {res.sd_tokens} tokens in {res.sd_seconds:.2f} s "
         f"({res.sd_tokens / res.sd_seconds:.1f} tok/s), {res.rounds} rounds\n"
-        f"  acceptance rate (accepted/drafted)      {res.acceptance_rate:.3f}\n"
-        f"  per-position acceptance a (MLE)         {res.alpha:.3f}\n"
-        f"  mean accepted length (with bonus)       {res.mean_accepted_len:.2f}\n"
-        f"  cost ratio c (draft step / target step) {res.cost_ratio:.3f} "
-        f"({res.draft_step_ms:.3f} ms / {res.target_step_ms:.3f} ms)\n"
-        f"  measured speedup                        {res.speedup:.2f}x\n"
-        f"  analytic bound (1-a^(g+1))/((1-a)(gc+1)) {res.bound:.2f}x\n"
-        f"  measured / bound                        {res.speedup / res.bound:.1%} (goal >= 90%)\n"
-        f"  SD output identical to AD               {res.identical_outputs}/{res.prompts}"
+        f"  acceptance rate (accepted/drafted)        {res.acceptance_rate:.3f}\n"
+        f"  per-position acceptance a (MLE)           {res.alpha:.3f}\n"
+        f"  mean accepted length (with bonus)         {res.mean_accepted_len:.2f}\n"
+        f"  cost ratio c (draft step / AD step)       {res.cost_ratio:.3f}\n"
+        f"  verify ratio v (verify g+1 / AD step)     {res.verify_ratio:.2f}\n"
+        f"  measured speedup                          {res.speedup:.2f}x\n"
+        f"  bound (1-a^(g+1))/((1-a)(gc+1))           {res.bound:.2f}x "
+        f"-> measured/bound {res.speedup / res.bound:.1%} (goal >= 90%)\n"
+        f"  cost-aware bound (1-a^(g+1))/((1-a)(gc+v)) {res.cost_aware_bound:.2f}x "
+        f"-> measured/bound {res.speedup / res.cost_aware_bound:.1%}\n"
+        f"  SD output identical to AD                 {res.identical_outputs}/{res.prompts}"
     )
     if json_out:
         json_out.write_text(json.dumps(figures, indent=2) + "\n")

@@ -1,1 +1,60 @@
-"""placeholder: run commands (being written)."""
+"""`testbed run PLAYBOOK`: run an experiment playbook on a lab."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from testbed.errors import ExitCode, TestbedError
+
+
+def run(
+    playbook: Path | None = typer.Argument(None, help="experiment playbook (YAML)"),
+    lab: str = typer.Option("emulated", help="emulated (the only lab kind so far)"),
+    resume: Path | None = typer.Option(None, help="resume an interrupted run folder"),
+    retry_failed: bool = typer.Option(False, help="with --resume: run failed conditions again"),
+    out: Path | None = typer.Option(None, help="parent folder of the run (default results/)"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print the lab, tc/iptables and Fabric actions; do nothing"
+    ),
+) -> None:
+    """Validate the playbook, bring up the lab, run every condition, write results."""
+    from rich.console import Console
+
+    from testbed.results.report import condition_frame, print_summary
+    from testbed.runner.run import execute
+    from testbed.runner.sled import describe_condition
+
+    console = Console()
+    if lab != "emulated":
+        console.print(f"[red]--lab {lab}: only the emulated lab is supported so far[/red]")
+        raise typer.Exit(ExitCode.BAD_INPUT)
+
+    def say(msg: str) -> None:
+        console.print(msg, markup=False, highlight=False, style=None if dry_run else "dim")
+
+    try:
+        outcome = execute(
+            playbook,
+            resume=resume,
+            out=out,
+            retry_failed=retry_failed,
+            dry_run=dry_run,
+            say=say,
+            on_condition=lambda e: console.print(describe_condition(e)),
+        )
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: the lab is down; finish with --resume RUN[/yellow]")
+        raise typer.Exit(ExitCode.FAILED) from None
+    except TestbedError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(exc.exit_code) from None
+    if outcome.store is None:
+        return
+    df = condition_frame(outcome.store)
+    if not df.empty:
+        print_summary(df, title=f"run {outcome.store.root.name}")
+    console.print(f"results: {outcome.store.root}")
+    if outcome.failed:
+        raise typer.Exit(ExitCode.CONDITIONS_FAILED)

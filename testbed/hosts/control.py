@@ -17,14 +17,15 @@ from __future__ import annotations
 import shlex
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from testbed.errors import AgentError, BadInputError
 from testbed.hosts.inventory import Inventory, InventoryHost
 
+T = TypeVar("T")
 PROC_DIR = ".testbed"
 """Per-host folder (inside the workdir) holding background processes' pid/log/rc files."""
 
@@ -94,7 +95,7 @@ def start_script(
     pid, rc, log = f"{d}/{name}.pid", f"{d}/{name}.rc", f"{d}/{name}.log"
     inner = f"echo $$ > {pid}; ({env_prefix(env)}{command}); echo $? > {rc}"
     return (
-        f"mkdir -p {d} && rm -f {pid} {rc} && "
+        f"mkdir -p {d} && cd {remote_path(workdir)} && rm -f {pid} {rc} && "
         f"(setsid sh -c {shlex.quote(inner)} > {log} 2>&1 < /dev/null &) && "
         f"for i in $(seq 250); do [ -s {pid} ] && break; sleep 0.02; done; cat {pid}"
     )
@@ -232,39 +233,59 @@ class HostControl:
         max_workers: int = 32,
     ) -> dict[str, RunResult]:
         """Run `command` on every host (default: all) in parallel; AgentError naming failures."""
-        return self.parallel(
+        results = self.parallel(
             lambda h: self.run(h, command, env=env, timeout=timeout, check=False),
             hosts,
-            check=check,
             max_workers=max_workers,
         )
+        failed = [
+            f"{r.host}: exit {r.returncode} {r.stderr.strip()[-300:]}"
+            for r in results.values()
+            if not r.ok
+        ]
+        if check and failed:
+            raise AgentError(f"{command!r} failed on: " + "; ".join(failed))
+        return results
 
     def parallel(
         self,
-        fn: Callable[[InventoryHost], RunResult],
+        fn: Callable[[InventoryHost], T],
         hosts: Iterable[str | InventoryHost] | None = None,
         *,
-        check: bool = True,
         max_workers: int = 32,
-    ) -> dict[str, RunResult]:
-        """Apply `fn` to each host in threads; with `check`, raise if any result is not ok."""
+    ) -> dict[str, T]:
+        """`fn(host)` for each host (default: all) in threads; AgentError listing every failure."""
         targets = [self.host(h) for h in (hosts if hosts is not None else self.inventory.hosts)]
         if not targets:
             return {}
         with ThreadPoolExecutor(max_workers=min(max_workers, len(targets))) as pool:
-            futures = {h.name: pool.submit(fn, h) for h in targets}
-            results: dict[str, RunResult] = {}
-            errors: list[str] = []
-            for name, fut in futures.items():
-                try:
-                    results[name] = fut.result()
-                except AgentError as exc:
-                    errors.append(str(exc))
-        failed = [f"{r.host}: exit {r.returncode} {r.stderr.strip()[-300:]}" for r in
-                  results.values() if not r.ok]  # fmt: skip
-        if errors or (check and failed):
-            raise AgentError("; ".join(errors + (failed if check else [])))
-        return results
+            return _gather({h.name: pool.submit(fn, h) for h in targets})
+
+    def start_all(
+        self,
+        name: str,
+        command: str | Callable[[InventoryHost], str],
+        hosts: Iterable[str | InventoryHost] | None = None,
+        *,
+        env: Mapping[str, str] | Callable[[InventoryHost], Mapping[str, str]] | None = None,
+    ) -> dict[str, RemoteProcess]:
+        """Start `name` on every host in parallel; `command`/`env` may depend on the host."""
+
+        def one(h: InventoryHost) -> RemoteProcess:
+            cmd = command(h) if callable(command) else command
+            e = env(h) if callable(env) else env
+            return self.start(h, name, cmd, env=e)
+
+        return self.parallel(one, hosts)
+
+    def stop_all(self, procs: Iterable[RemoteProcess], grace_s: float = 5.0) -> dict[str, bool]:
+        """Stop several processes in parallel; "host/name" -> whether it had to be killed."""
+        procs = list(procs)
+        if not procs:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(32, len(procs))) as pool:
+            futures = {f"{p.host}/{p.name}": pool.submit(self.stop, p, grace_s) for p in procs}
+            return _gather(futures)
 
     # --- background processes --------------------------------------------------------------
 
@@ -349,3 +370,19 @@ class HostControl:
         except Exception as exc:
             raise AgentError(f"{h.name}: cannot fetch {source}: {exc}") from exc
         return local
+
+
+def _gather(futures: dict[str, Future[T]]) -> dict[str, T]:
+    """Results by key; one AgentError listing every failure (each names its host)."""
+    results: dict[str, T] = {}
+    errors: list[str] = []
+    for key, fut in futures.items():
+        try:
+            results[key] = fut.result()
+        except AgentError as exc:
+            errors.append(str(exc))
+        except Exception as exc:  # name the host whatever went wrong
+            errors.append(f"{key}: {exc}")
+    if errors:
+        raise AgentError("; ".join(errors))
+    return results

@@ -100,6 +100,8 @@ class EmulatedLab:
         lab._check_free()
         t0 = time.monotonic()
         try:
+            runner.remove_tree(lab.runtime_dir)  # stale state of an earlier lab of that name
+            runner.mkdir(lab.runtime_dir)
             if not runner.dry_run:
                 state.save()
             say("keys")
@@ -201,6 +203,11 @@ class EmulatedLab:
         raise LabError(f"lab {self.name} has no host {name!r}")
 
     @property
+    def runtime_dir(self) -> Path:
+        """Where other parts (impairment, holders) keep this lab's runtime state; reset by up."""
+        return self.state_dir / "run"
+
+    @property
     def bridge_netns(self) -> str:
         return self.state.bridge_netns
 
@@ -217,7 +224,14 @@ class EmulatedLab:
         return self.state.client_key
 
     def inventory(self) -> Inventory:
-        """The lab's inventory as the Fabric layer reads it (from the file `up` wrote)."""
+        """The lab's inventory as the Fabric layer reads it (from the file `up` wrote; in a
+        dry run, where nothing was written, from the plan)."""
+        if self.runner.dry_run:
+            return Inventory(
+                source=f"{self.inventory_path} (dry run)",
+                hosts=tuple(self.inventory_hosts()),
+                vars=self._vars(),
+            )
         return load_inventory(self.inventory_path)
 
     def inventory_hosts(self) -> list[InventoryHost]:

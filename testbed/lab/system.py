@@ -79,6 +79,8 @@ class SystemRunner:
         """
         full = netns_argv([str(a) for a in argv], netns)
         line = shlex.join(full)
+        if input and not query:
+            line += " <<EOF\n" + input.rstrip("\n") + "\nEOF"
         if not query:
             self.record(line)
             if self.dry_run:

@@ -7,7 +7,7 @@ clear(lab)
 
 from __future__ import annotations
 
-from testbed.netem.api import Impairment, apply, clear, current
+from testbed.netem.api import Impairment, apply, clear, current, verify
 from testbed.netem.detect import choose_backend, netem_available
 from testbed.netem.probe import ProbeResult, format_result, probe_link, probe_links
 from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
@@ -25,4 +25,5 @@ __all__ = [
     "netem_available",
     "probe_link",
     "probe_links",
+    "verify",
 ]

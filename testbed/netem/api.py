@@ -1,7 +1,7 @@
 """Apply and clear link profiles on a lab's device <-> server links, with the right backend.
 
 The whole impairment of a lab (backend, per-device profiles, holder) is kept in
-`<lab state dir>/impairment.json`, so another process (`testbed lab clear`) can undo it.
+`<lab state dir>/run/impairment.json`, so another process (`testbed lab clear`) can undo it.
 Every apply is verified on the system; a link whose impairment is not in place raises
 ImpairmentError instead of running unimpaired.
 """
@@ -62,7 +62,7 @@ def make_backend(name: str, runner: SystemRunner, holder: str = "auto") -> Backe
 
 
 def _state_path(lab: EmulatedLab) -> Path:
-    return lab.state_dir / STATE_FILE
+    return lab.runtime_dir / STATE_FILE
 
 
 def current(lab: EmulatedLab) -> Impairment | None:
@@ -138,6 +138,18 @@ def clear(
     if not runner.dry_run:
         _state_path(lab).unlink(missing_ok=True)
     return None
+
+
+def verify(lab: EmulatedLab, runner: SystemRunner | None = None) -> Impairment | None:
+    """Check that the current impairment is still in place (e.g. between conditions).
+
+    Raises ImpairmentError if a rule, queue or holder has gone; returns what is applied.
+    """
+    runner = runner or lab.runner
+    imp = current(lab)
+    if imp is not None:
+        make_backend(imp.backend, runner).verify(lab, imp.profiles, imp.backend_state)
+    return imp
 
 
 def _set_profiles(

@@ -53,6 +53,9 @@ def _compile_c() -> tuple[Path | None, str]:
         first = (proc.stderr.strip().splitlines() or ["?"])[0]
         return None, f"compiling holder.c failed (libnetfilter-queue-dev missing?): {first}"
     tmp.replace(out)
+    for stale in out.parent.glob("tb-holder-*"):  # builds of older sources
+        if stale != out and not stale.name.endswith(".tmp"):
+            stale.unlink(missing_ok=True)
     return out, ""
 
 

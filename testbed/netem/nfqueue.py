@@ -137,8 +137,7 @@ class NfqueueBackend:
             state["holder_pid"] = self._start_holder(lab, holder, queues)
         cmds, ports = shaper.htb_commands(lab.server, devices, profiles)
         state["shaped_ports"] = ports
-        for argv in shaper.clear_commands(ports):
-            r.run(argv, netns=sw, check=False, error=ImpairmentError)
+        shaper.reset(r, sw)
         for argv in cmds:
             r.run(argv, netns=sw, error=ImpairmentError)
         r.run(
@@ -153,8 +152,7 @@ class NfqueueBackend:
         """Remove every rule, shaper and holder of `lab`."""
         sw = lab.bridge_netns
         self._flush(sw)
-        for argv in shaper.clear_commands(list(state.get("shaped_ports") or [])):
-            self.runner.run(argv, netns=sw, check=False, error=ImpairmentError)
+        shaper.reset(self.runner, sw, list(state.get("shaped_ports") or []))
         self._stop_holder(lab)
 
     # --- verification ----------------------------------------------------------------------
@@ -185,6 +183,9 @@ class NfqueueBackend:
             missing = sorted(queues - bound)
             if missing:
                 problems.append(f"no holder bound to queue(s) {missing}")
+        devices = indexed_devices(lab, profiles)
+        for flow in shaper.missing_classes(self.runner, sw, lab.server, devices, profiles):
+            problems.append(f"rate limit missing: {flow}")
         if rules and self._sysctl(sw, "net.bridge.bridge-nf-call-iptables") != "1":
             problems.append("bridged packets do not cross iptables (bridge-nf-call-iptables != 1)")
         if problems:
@@ -198,6 +199,9 @@ class NfqueueBackend:
         saved = self._saved_rules(lab.bridge_netns)
         if saved:
             raise ImpairmentError(f"rules left after clear in {lab.bridge_netns}: {saved}")
+        shaped = shaper.shaped_ports(self.runner, lab.bridge_netns)
+        if shaped:
+            raise ImpairmentError(f"rate limits left after clear on {shaped}")
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -272,7 +276,7 @@ class NfqueueBackend:
         argv = [*holder.argv, "--tag", holder_tag(lab.name), "--rt-prio", str(HOLDER_RT_PRIO)]
         if seeds:
             argv += ["--seed", str(seeds[0])]
-        log = lab.state_dir / "holder.log"
+        log = lab.runtime_dir / "holder.log"
         proc = self.runner.spawn(
             argv + specs, netns=lab.bridge_netns, stdout=subprocess.PIPE, stderr_path=log
         )
@@ -290,14 +294,14 @@ class NfqueueBackend:
                 f"{holder.kind} packet holder did not start in {lab.bridge_netns}: {tail.strip()}"
             )
         _children[proc.pid] = proc
-        (lab.state_dir / "holder.pid").write_text(str(proc.pid))
+        (lab.runtime_dir / "holder.pid").write_text(str(proc.pid))
         return proc.pid
 
     def _stop_holder(self, lab: EmulatedLab) -> None:
         """Stop the lab's holder: the one in the pid file and any other tagged as the lab's."""
         if self.runner.dry_run:
             return
-        pid_file = lab.state_dir / "holder.pid"
+        pid_file = lab.runtime_dir / "holder.pid"
         pids = {pid for pid, _ in tagged_processes(holder_tag(lab.name))}
         with contextlib.suppress(OSError, ValueError):
             pids.add(int(pid_file.read_text()))

@@ -3,7 +3,7 @@
 Both directions are shaped in the bridge namespace, at the egress of a bridge port:
 - server -> device: at `p-<dev>` egress, traffic from the server's address goes to class 1:2;
 - device -> server: at `p-server` egress, traffic from the device's address goes to its class.
-Everything else (controller SSH, device <-> device) falls into the unlimited default class 1:1.
+Everything else (controller SSH, device <-> device) is unclassified and passes unshaped.
 A class may carry a leaf qdisc (the tc backend hangs netem there) and a rate (`rate_mbit`).
 """
 
@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from testbed.errors import ImpairmentError
 from testbed.lab.emulated import EmulatedLab
 from testbed.lab.spec import LabHost
+from testbed.lab.system import SystemRunner
 from testbed.netem.profile import LinkProfile
 
-UNLIMITED = "10gbit"
+UNLIMITED = "10gbit"  # class rate when only a leaf (netem) is wanted
 Leaf = Callable[[LinkProfile, str], list[str] | None]
 """(profile, "up" | "down") -> leaf qdisc arguments (after `tc qdisc add ... parent X`), or None."""
 
@@ -82,25 +83,8 @@ def htb_commands(
             continue
         if flow.port not in rooted:
             rooted.append(flow.port)
-            dev = ["dev", flow.port]
-            cmds.append(
-                ["tc", "qdisc", "replace", *dev, "root", "handle", "1:", "htb", "default", "1"]
-            )
-            cmds.append(
-                [
-                    "tc",
-                    "class",
-                    "add",
-                    *dev,
-                    "parent",
-                    "1:",
-                    "classid",
-                    "1:1",
-                    "htb",
-                    "rate",
-                    UNLIMITED,
-                ]
-            )
+            # default 0: unclassified traffic (controller SSH, device <-> device) is not shaped
+            cmds.append(["tc", "qdisc", "replace", "dev", flow.port, "root", "handle", "1:", "htb"])
         rate = f"{prof.rate_mbit}mbit" if prof.rate_mbit else UNLIMITED
         dev = ["dev", flow.port]
         cmds.append(
@@ -133,3 +117,48 @@ def htb_commands(
 def clear_commands(ports: list[str]) -> list[list[str]]:
     """Remove the root qdisc of each shaped port (back to the default qdisc)."""
     return [["tc", "qdisc", "del", "dev", p, "root"] for p in ports]
+
+
+def shaped_ports(runner: SystemRunner, netns: str) -> list[str]:
+    """Ports in `netns` that carry one of our HTB roots now (read from the system)."""
+    out = runner.run(["tc", "qdisc", "show"], netns=netns, query=True, check=False).stdout
+    ports = []
+    for line in out.splitlines():
+        words = line.split()
+        if words[:3] == ["qdisc", "htb", "1:"] and "root" in words and "dev" in words:
+            ports.append(words[words.index("dev") + 1])
+    return ports
+
+
+def reset(runner: SystemRunner, netns: str, also: list[str] | None = None) -> None:
+    """Remove every HTB root we put on the bridge ports (and on `also`, if any)."""
+    ports = sorted(set(shaped_ports(runner, netns)) | set(also or []))
+    for argv in clear_commands(ports):
+        runner.run(argv, netns=netns, check=False, error=ImpairmentError)
+
+
+def missing_classes(
+    runner: SystemRunner,
+    netns: str,
+    server: LabHost,
+    devices: list[tuple[int, LabHost]],
+    profiles: dict[str, LinkProfile],
+    leaf: Leaf | None = None,
+) -> list[str]:
+    """Shaped flows whose HTB class is not in place (empty when all are)."""
+    missing = []
+    for flow in flows(server, devices):
+        prof = profiles.get(flow.device)
+        if prof is None or (
+            prof.rate_mbit is None and (leaf is None or not leaf(prof, flow.direction))
+        ):
+            continue
+        out = runner.run(
+            ["tc", "class", "show", "dev", flow.port, "classid", flow.classid],
+            netns=netns,
+            query=True,
+            check=False,
+        ).stdout
+        if "htb" not in out:
+            missing.append(f"{flow.device} {flow.direction} (class {flow.classid} on {flow.port})")
+    return missing

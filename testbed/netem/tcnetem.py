@@ -40,16 +40,13 @@ class TcNetemBackend:
     def apply(self, lab: EmulatedLab, profiles: dict[str, LinkProfile]) -> dict[str, object]:
         devices = shaper.indexed_devices(lab, profiles)
         cmds, ports = shaper.htb_commands(lab.server, devices, profiles, leaf=netem_args)
-        all_ports = [lab.server.port] + [d.port for d in lab.devices]
-        for argv in shaper.clear_commands(all_ports):
-            self.runner.run(argv, netns=lab.bridge_netns, check=False, error=ImpairmentError)
+        shaper.reset(self.runner, lab.bridge_netns)
         for argv in cmds:
             self.runner.run(argv, netns=lab.bridge_netns, error=ImpairmentError)
         return {"shaped_ports": ports, "holder": None, "holder_pid": None}
 
     def clear(self, lab: EmulatedLab, state: dict[str, object]) -> None:
-        for argv in shaper.clear_commands(list(state.get("shaped_ports") or [])):
-            self.runner.run(argv, netns=lab.bridge_netns, check=False, error=ImpairmentError)
+        shaper.reset(self.runner, lab.bridge_netns, list(state.get("shaped_ports") or []))
 
     def _netem_count(self, lab: EmulatedLab, port: str) -> int:
         out = self.runner.run(
@@ -73,6 +70,13 @@ class TcNetemBackend:
             for port, want in expected.items()
             if (got := self._netem_count(lab, port)) != want
         ]
+        devices = shaper.indexed_devices(lab, profiles)
+        problems += [
+            f"class missing: {flow}"
+            for flow in shaper.missing_classes(
+                self.runner, lab.bridge_netns, lab.server, devices, profiles, netem_args
+            )
+        ]
         if problems:
             raise ImpairmentError(
                 f"netem impairment of lab {lab.name} not in place: " + "; ".join(problems)
@@ -81,6 +85,7 @@ class TcNetemBackend:
     def verify_clear(self, lab: EmulatedLab) -> None:
         if self.runner.dry_run:
             return
-        left = [p.port for p in lab.hosts if self._netem_count(lab, p.port)]
+        left = shaper.shaped_ports(self.runner, lab.bridge_netns)
+        left += [p.port for p in lab.hosts if self._netem_count(lab, p.port)]
         if left:
-            raise ImpairmentError(f"netem qdiscs left after clear on {left}")
+            raise ImpairmentError(f"netem/HTB qdiscs left after clear on {sorted(set(left))}")

@@ -16,7 +16,8 @@ SUMMARY_COLUMNS = [
     ("status", "status", "{}"),
     ("backend", "backend", "{}"),
     ("rtt_measured_ms", "RTT ms", "{:.2f}"),
-    ("loss_measured", "loss meas.", "{:.3f}"),
+    ("loss_up_measured", "loss up", "{:.3f}"),
+    ("loss_down_measured", "loss down", "{:.3f}"),
     ("system_tok_s", "sys tok/s", "{:.1f}"),
     ("device_tok_s_mean", "dev tok/s", "{:.1f}"),
     ("acceptance_rate", "accept", "{:.2f}"),
@@ -80,7 +81,7 @@ def print_summary(df: pd.DataFrame, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=max(Console().width, 150))
     headers, rows = summary_rows(df)
     table = Table(title=title)
     for h in headers:

@@ -33,16 +33,28 @@ def _ratio(num: float, den: float) -> float | None:
     return float(num) / float(den) if den else None
 
 
-def summarize(rounds: pd.DataFrame, requests: pd.DataFrame) -> dict[str, Any]:
-    """Headline figures of one condition from its device round and request tables."""
+def summarize(
+    rounds: pd.DataFrame, requests: pd.DataFrame, agents: pd.DataFrame | None = None
+) -> dict[str, Any]:
+    """Headline figures of one condition from its device round and request tables.
+
+    System throughput counts from the first device agent's start (its handshake included)
+    to the last answer, when the agents' status records (`agents`) are given.
+    """
     out: dict[str, Any] = {"requests": len(requests), "rounds": len(rounds)}
     if requests.empty:
         return out
     tokens = int(requests["tokens"].sum())
-    span = float(requests["t_end"].max() - requests["t_start"].min())
+    start = float(requests["t_start"].min())
+    if agents is not None and "t_start" in agents:
+        start = min(start, float(agents["t_start"].min()))
+    span = float(requests["t_end"].max() - start)
     per_dev = requests.groupby("dev").agg(
         tokens=("tokens", "sum"), start=("t_start", "min"), end=("t_end", "max")
     )
+    if agents is not None and "t_start" in agents:
+        began = agents.set_index("dev")["t_start"].reindex(per_dev.index)
+        per_dev["start"] = pd.concat([per_dev["start"], began], axis=1).min(axis=1)
     per_dev_rate = per_dev["tokens"] / (per_dev["end"] - per_dev["start"]).clip(lower=1e-9)
     verified = rounds[rounds["mode"] == "verified"] if not rounds.empty else rounds
     out.update(

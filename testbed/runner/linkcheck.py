@@ -1,0 +1,74 @@
+"""Summaries of link probes and the guard that refuses a link that does not measure as asked.
+
+The guard catches an impairment that silently failed (no delay, no loss, everything lost),
+not statistical noise: RTT must be within the playbook's tolerance of the request, and each
+direction's loss within four binomial standard deviations of it (at least 2 points). The
+95 % binomial verdicts of the probe are stored beside it for the record.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from testbed.config.playbook import LinkSection
+from testbed.errors import ImpairmentError
+from testbed.netem.probe import LossFigure, ProbeResult
+
+
+def loss_guard_ok(fig: LossFigure) -> bool:
+    """Measured loss close enough to the request to trust the link (see module docstring)."""
+    if fig.requested is None or not fig.of or fig.rate is None:
+        return True
+    p = fig.requested
+    band = max(0.02, 4 * math.sqrt(p * (1 - p) / fig.of))
+    return abs(fig.rate - p) <= band
+
+
+def check_links(probes: dict[str, ProbeResult], link: LinkSection) -> None:
+    """Raise ImpairmentError naming each device link that does not measure as requested."""
+    problems = []
+    for dev, r in probes.items():
+        if link.loss < 1 and r.rtt_ms is not None:
+            err = r.rtt_ms.p50 - link.rtt_ms
+            if abs(err) > link.rtt_tolerance_ms:
+                problems.append(
+                    f"{dev}: median RTT {r.rtt_ms.p50:.2f} ms, requested {link.rtt_ms} ms "
+                    f"(tolerance {link.rtt_tolerance_ms} ms)"
+                )
+        elif link.loss < 1:
+            problems.append(f"{dev}: no probe came back at requested loss {link.loss}")
+        for name, fig in (("up", r.loss_up), ("down", r.loss_down)):
+            if not loss_guard_ok(fig):
+                problems.append(
+                    f"{dev}: {name} loss measured {fig.rate:.3f} ({fig.lost}/{fig.of}), "
+                    f"requested {fig.requested}"
+                )
+    if problems:
+        raise ImpairmentError("link does not measure as requested: " + "; ".join(problems))
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarize_links(probes: dict[str, ProbeResult]) -> dict[str, Any]:
+    """Condition-level figures: median RTT over devices, pooled per-direction loss."""
+
+    def pooled(attr: str) -> float | None:
+        figs = [getattr(r, attr) for r in probes.values()]
+        total = sum(f.of for f in figs)
+        return sum(f.lost for f in figs) / total if total else None
+
+    rtts = [r.rtt_ms.p50 for r in probes.values() if r.rtt_ms is not None]
+    p99 = [r.rtt_error_ms["p99"] for r in probes.values() if r.rtt_error_ms]
+    up, down = pooled("loss_up"), pooled("loss_down")
+    return {
+        "rtt_measured_ms": statistics.median(rtts) if rtts else None,
+        "rtt_error_p99_ms": max(p99) if p99 else None,
+        "loss_up_measured": up,
+        "loss_down_measured": down,
+        "loss_measured": _mean([x for x in (up, down) if x is not None]),
+        "loss_within_95": all(r.ok for r in probes.values()),
+    }

@@ -1,0 +1,265 @@
+"""One SLED condition on a lab: link, agents through Fabric, records back, tables, summary."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from agents.workloads.arithmetic import Problem
+from agents.workloads.scoring import score
+from testbed.config.playbook import Condition
+from testbed.errors import AgentError
+from testbed.hosts.control import HostControl, RemoteProcess
+from testbed.hosts.inventory import InventoryHost
+from testbed.lab.emulated import EmulatedLab
+from testbed.netem.api import apply, clear
+from testbed.netem.probe import probe_links
+from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
+from testbed.results.atomic import atomic_write_json
+from testbed.results.tables import frame_from_jsonl, summarize, write_parquet
+from testbed.runner.linkcheck import check_links, summarize_links
+from testbed.runner.workload import write_problem_file
+
+SERVER_PORT = 7000
+AGENT_ENV = {
+    "PYTHONUNBUFFERED": "1",
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
+SERVER_FILES = ("verifications.jsonl", "batches.jsonl")
+DEVICE_FILES = ("rounds.jsonl", "requests.jsonl", "status.json")
+
+
+@dataclass
+class RunContext:
+    """What every condition of a run shares."""
+
+    lab: EmulatedLab
+    hosts: HostControl
+    draft_model: str
+    target_model: str
+    problems: dict[str, list[Problem]]  # device name -> its problems
+    reference: dict[str, str]  # problem id -> the target's greedy answer
+    say: Callable[[str], None]
+    dry_run: bool = False
+
+
+def model_on(host: InventoryHost, key: str, default: str) -> str:
+    """A model path on a host: its inventory var (placed by Ansible) or the controller's."""
+    return str(host.vars.get(key, default))
+
+
+def server_command(host: InventoryHost, cond: Condition, model: str, records: str) -> str:
+    s = cond.playbook.sled
+    args = [
+        host.python, "-m", "agents.sled.server",
+        "--bind", f"{host.address}:{SERVER_PORT}",
+        "--model", model,
+        "--device", cond.playbook.models.server_device,
+        "--threads", str(s.server_threads),
+        "--max-batch", str(s.max_batch),
+        "--window-ms", str(s.window_ms),
+        "--records", records,
+        "--ready-file", f"{records}/ready",
+    ]  # fmt: skip
+    return shlex.join(args)
+
+
+def device_command(
+    host: InventoryHost, server: InventoryHost, cond: Condition, model: str, records: str
+) -> str:
+    s = cond.playbook.sled
+    args = [
+        host.python, "-m", "agents.sled.device",
+        "--server", f"{server.address}:{SERVER_PORT}",
+        "--dev", host.name,
+        "--model", model,
+        "--threads", str(s.device_threads),
+        "--problems", f"{records}/problems.jsonl",
+        "--records", records,
+        "--draft-len", str(s.draft_len),
+        "--timeout-ms", str(s.timeout_ms),
+        "--retries", str(s.retries),
+        "--probe-ms", str(s.probe_ms),
+        "--max-new", str(cond.playbook.workload.max_new_tokens),
+    ]  # fmt: skip
+    return shlex.join(args)
+
+
+def wait_for_file(hosts: HostControl, host: InventoryHost, path: str, proc: RemoteProcess,
+                  timeout_s: float) -> None:  # fmt: skip
+    """Poll until path exists on host; fail early (with its log) if proc has died."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if hosts.run(host, f"test -f {shlex.quote(path)}", check=False).ok:
+            return
+        if not hosts.is_alive(proc):
+            raise AgentError(f"{host.name}: {proc.name} exited early:\n{hosts.log_tail(proc)}")
+        time.sleep(0.3)
+    raise AgentError(f"{host.name}: {proc.name} not ready after {timeout_s:.0f} s")
+
+
+def wait_for_exit(hosts: HostControl, procs: list[RemoteProcess], timeout_s: float) -> None:
+    """Wait until every process has exited by itself, with exit code 0."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(procs)
+    while pending:
+        pending = [p for p in pending if hosts.is_alive(p)]
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(f"{p.host}/{p.name}" for p in pending)
+            raise AgentError(f"agents still running after {timeout_s:.0f} s: {names}")
+        if pending:
+            time.sleep(0.5)
+    for p in procs:
+        code = hosts.exit_code(p)
+        if code != 0:
+            raise AgentError(f"{p.host}: {p.name} exited with {code}:\n{hosts.log_tail(p)}")
+
+
+def fetch(hosts: HostControl, host: InventoryHost, remote_dir: str, names: tuple[str, ...],
+          proc: RemoteProcess | None, local: Path) -> None:  # fmt: skip
+    """Copy the agent's record files (those that exist) and its log into local."""
+    local.mkdir(parents=True, exist_ok=True)
+    listing = hosts.run(host, f"ls {shlex.quote(remote_dir)}", check=False).stdout.split()
+    for name in names:
+        if name in listing:
+            hosts.get(host, f"{remote_dir}/{name}", local / name)
+    if proc is not None:
+        hosts.get(host, proc.log_file, local / f"{proc.name}.log")
+
+
+def score_requests(requests: pd.DataFrame, reference: dict[str, str]) -> pd.DataFrame:
+    """Add strict/flexible correctness and agreement with the target's greedy answer."""
+    if requests.empty:
+        return requests
+    scored = [score(t, r) for t, r in zip(requests["text"], requests["reference"])]
+    requests["strict_correct"] = [s for s, _ in scored]
+    requests["flexible_correct"] = [f for _, f in scored]
+    requests["target_text"] = requests["problem"].map(reference)
+    requests["matches_target"] = requests["text"] == requests["target_text"]
+    return requests
+
+
+def build_tables(staged: Path, cond: Condition, reference: dict[str, str]) -> dict[str, Any]:
+    """Parquet tables from the fetched records; returns the condition's summary figures."""
+    hosts_dir = staged / "hosts"
+    const = {"condition": cond.id}
+    rounds = frame_from_jsonl(sorted(hosts_dir.glob("*/rounds.jsonl")), **const)
+    requests = score_requests(
+        frame_from_jsonl(sorted(hosts_dir.glob("*/requests.jsonl")), **const), reference
+    )
+    for name, df in (("rounds", rounds), ("requests", requests)):
+        write_parquet(df, staged / f"{name}.parquet")
+    for name in ("verifications", "batches"):
+        df = frame_from_jsonl(sorted(hosts_dir.glob(f"*/{name}.jsonl")), **const)
+        write_parquet(df, staged / f"{name}.parquet")
+    agents = pd.DataFrame(
+        [json.loads(p.read_text()) for p in sorted(hosts_dir.glob("*/status.json"))]
+    )
+    write_parquet(agents, staged / "agents.parquet")
+    return summarize(rounds, requests, agents)
+
+
+def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any]:
+    """Run one condition; returns the journal fields `link` and `metrics` (raises on failure)."""
+    pb = cond.playbook
+    lab, hosts = ctx.lab, ctx.hosts
+    inv = lab.inventory()
+    server = inv.server
+    profile = LinkProfile.build(
+        f"condition {cond.id}",
+        rtt_ms=pb.link.rtt_ms,
+        jitter_ms=pb.link.jitter_ms,
+        loss=pb.link.loss,
+        rate_mbit=pb.link.rate_mbit,
+        seed=pb.seed,
+    )
+    link: dict[str, Any] = {"requested": profile.model_dump(), "loss_semantics": LOSS_SEMANTICS}
+    procs: list[RemoteProcess] = []
+    try:
+        ctx.say(f"{cond.id}: link rtt {pb.link.rtt_ms} ms, loss {pb.link.loss}")
+        imp = apply(lab, profile, backend=pb.link.backend)
+        link.update(backend=imp.backend, backend_reason=imp.reason, holder=imp.holder)
+        if ctx.dry_run:
+            probes = {}
+        else:
+            probes = probe_links(lab, requested=profile, count=pb.link.probe_packets)
+            link["summary"] = summarize_links(probes)
+            link["probes"] = {d: r.model_dump(mode="json") for d, r in probes.items()}
+            atomic_write_json(staged / "link.json", link)
+            check_links(probes, pb.link)
+
+        records = f"runs/{cond.id}"
+        server_records = f"{server.workdir}/{records}"
+        hosts.run(server, f"rm -rf {shlex.quote(server_records)} && mkdir -p {server_records}")
+        ctx.say(f"{cond.id}: starting the verification server on {server.name}")
+        target = model_on(server, "target_model", ctx.target_model)
+        sproc = hosts.start(
+            server, "sled-server", server_command(server, cond, target, server_records),
+            env=AGENT_ENV,
+        )  # fmt: skip
+        procs.append(sproc)
+        if not ctx.dry_run:
+            wait_for_file(hosts, server, f"{server_records}/ready", sproc, 120)
+
+        dprocs: dict[str, RemoteProcess] = {}
+        for dev in inv.devices:
+            dev_records = f"{dev.workdir}/{records}"
+            hosts.run(dev, f"rm -rf {shlex.quote(dev_records)} && mkdir -p {dev_records}")
+            local = staged / "inputs" / f"{dev.name}.problems.jsonl"
+            local.parent.mkdir(parents=True, exist_ok=True)
+            write_problem_file(ctx.problems[dev.name], local)
+            hosts.put(dev, local, f"{dev_records}/problems.jsonl")
+        ctx.say(f"{cond.id}: starting {len(inv.devices)} device agents")
+        dprocs = hosts.start_all(
+            "sled-device",
+            lambda h: device_command(
+                h, server, cond, model_on(h, "draft_model", ctx.draft_model),
+                f"{h.workdir}/{records}",
+            ),
+            inv.devices,
+            env=AGENT_ENV,
+        )  # fmt: skip
+        procs.extend(dprocs.values())
+        if ctx.dry_run:
+            return {"link": link, "metrics": {}}
+        wait_for_exit(hosts, list(dprocs.values()), pb.condition_timeout_s)
+        hosts.stop(sproc)
+        procs.clear()
+        for dev in inv.devices:
+            fetch(hosts, dev, f"{dev.workdir}/{records}", DEVICE_FILES, dprocs[dev.name],
+                  staged / "hosts" / dev.name)  # fmt: skip
+        fetch(hosts, server, server_records, SERVER_FILES, sproc, staged / "hosts" / server.name)
+        metrics = build_tables(staged, cond, ctx.reference)
+        return {"link": link, "metrics": metrics}
+    finally:
+        if procs:
+            hosts.stop_all(procs, grace_s=2)
+        clear(lab)
+        if not ctx.dry_run and "summary" in link:
+            atomic_write_json(staged / "link.json", link)
+
+
+def describe_condition(entry: dict[str, Any]) -> str:
+    """One line for the console after a condition."""
+    m = entry.get("metrics") or {}
+    s = (entry.get("link") or {}).get("summary") or {}
+    parts = [entry["condition"], entry["status"]]
+    if s.get("rtt_measured_ms") is not None:
+        parts.append(f"rtt {s['rtt_measured_ms']:.2f} ms")
+    if s.get("loss_measured") is not None:
+        parts.append(f"loss {s['loss_measured']:.3f}")
+    if m.get("system_tok_s") is not None:
+        parts.append(f"{m['system_tok_s']:.1f} tok/s")
+    if entry.get("reason"):
+        parts.append(entry["reason"].splitlines()[0])
+    return json.dumps(parts)[1:-1].replace('"', "")
