@@ -15,7 +15,7 @@ help:
 	@echo "make demo    run the main job on the emulated lab with the built-in tiny models"
 	@echo "make test    lint + the whole test suite"
 	@echo "make lint    ruff check and format check"
-	@echo "make bench   speculative-decoding benchmark (AD vs SD on the tiny pair)"
+	@echo "make bench   benchmarks: SD vs AD, batched verification, link emulation (root)"
 
 setup: system-packages $(STAMP)
 
@@ -61,6 +61,8 @@ test: lint
 
 bench: setup
 	$(BIN)/testbed bench sd
+	$(BIN)/testbed bench verify
+	$(BIN)/python bench/bench_link.py
 
 clean-lab: setup
 	$(BIN)/testbed lab clean

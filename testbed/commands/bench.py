@@ -19,6 +19,7 @@ def sd(
     max_new: int = typer.Option(48, help="new tokens per answer at most"),
     draft_engine: str = typer.Option("llama", help="engine of the draft: llama or torch"),
     threads: int = typer.Option(1, help="CPU threads per engine"),
+    device: str = typer.Option("cpu", help="torch device of the target (and a torch draft)"),
     seed: int = typer.Option(3, help="seed of the held-out problems"),
     json_out: Path | None = typer.Option(None, "--json", help="also write the figures here"),
 ) -> None:
@@ -30,8 +31,8 @@ def sd(
 
     pair = ensure_tiny_pair()
     draft_path = pair.draft_gguf if draft_engine == "llama" else pair.draft_hf
-    draft = load_engine(draft_path, kind=draft_engine, threads=threads)
-    target = load_engine(pair.target_hf, kind="torch", threads=threads)
+    draft = load_engine(draft_path, kind=draft_engine, threads=threads, device=device)
+    target = load_engine(pair.target_hf, kind="torch", threads=threads, device=device)
     ids = [target.tokenize(prompt(p)) for p in heldout_problems(prompts, seed=seed)]
     res = run_sd_bench(draft, target, ids, draft_len, max_new)
     figures = res.as_dict()
@@ -56,3 +57,32 @@ def sd(
     )
     if json_out:
         json_out.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+@app.command("verify")
+def verify(
+    model: Path | None = typer.Option(None, help="target HF folder (default: the tiny target)"),
+    device: str = typer.Option("cpu", help="torch device: cpu or cuda"),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16"),
+    batches: str = typer.Option("1,2,4,8,16", help="batch sizes, comma-separated"),
+    draft_len: int = typer.Option(4, "--draft-len", "-k", help="drafts per request (g)"),
+    threads: int = typer.Option(1, help="CPU threads"),
+) -> None:
+    """Batched verification on the server engine: time per batch and gain over one-by-one."""
+    from agents.engines.torch_hf import TorchEngine
+    from agents.workloads.arithmetic import heldout_problems, prompt
+    from testbed.bench.verify import time_batches
+    from testbed.models.tiny import ensure_tiny_pair
+
+    path = model or ensure_tiny_pair().target_hf
+    engine = TorchEngine(path, device=device, dtype=dtype, threads=threads)
+    prompts = [engine.tokenize(prompt(p)) for p in heldout_problems(16, seed=3)]
+    sizes = [int(b) for b in batches.split(",")]
+    typer.echo(f"batched verification: {engine.describe()} on {device} ({dtype}), g={draft_len}")
+    typer.echo(f"{'batch':>6} {'ms/batch':>9} {'ms/single':>10} {'verified tok/s':>15} {'gain':>6}")
+    for pt in time_batches(engine, prompts, sizes, draft_len):
+        tok_s = pt.batch * (draft_len + 1) / (pt.batch_ms / 1000)
+        typer.echo(
+            f"{pt.batch:>6} {pt.batch_ms:>9.3f} {pt.single_ms:>10.3f} {tok_s:>15.0f} "
+            f"{pt.batching_gain:>5.2f}x"
+        )

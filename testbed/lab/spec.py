@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from testbed import paths
-from testbed.errors import BadInputError
+from testbed.config.loading import validate
 from testbed.lab import naming
 
 Role = Literal["server", "device"]
@@ -64,13 +64,7 @@ class LabSpec(BaseModel):
     @classmethod
     def build(cls, source: str = "lab spec", **fields: object) -> LabSpec:
         """Validate `fields`, raising BadInputError that names `source` and each bad field."""
-        try:
-            return cls(**fields)
-        except ValidationError as exc:
-            msgs = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors()
-            )
-            raise BadInputError(f"{source}: {msgs}") from exc
+        return validate(cls, fields, source)
 
     def resolved_state_dir(self) -> Path:
         """The given state dir, or `<cache>/labs/<name>`."""

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import os
 import random
 import select
 import signal
@@ -23,6 +21,8 @@ import socket
 import sys
 import time
 from typing import Any
+
+from testbed.netem.realtime import set_realtime
 
 MAX_EARLY_NS = 1_000_000
 
@@ -81,17 +81,6 @@ class HeldQueue:
             pkt.accept()
             self.n_out += 1
         return self.fifo[0][0] if self.fifo else None
-
-
-def set_realtime(prio: int) -> None:
-    """SCHED_FIFO at `prio` (else nice -10) so a busy CPU does not delay releases."""
-    if prio <= 0:
-        return
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
-    except (OSError, AttributeError):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, 0, -10)
 
 
 def parse_spec(text: str) -> tuple[int, int, int]:

@@ -7,9 +7,9 @@ probability (1 - loss_up) * (1 - loss_down), i.e. (1 - p)^2 for a symmetric `los
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from testbed.errors import BadInputError
+from testbed.config.loading import validate
 
 LOSS_SEMANTICS = (
     "per-direction independent packet loss (up = device->server, down = server->device); "
@@ -48,14 +48,7 @@ class LinkProfile(BaseModel):
     @classmethod
     def build(cls, source: str = "link profile", **fields: object) -> LinkProfile:
         """Validate, raising BadInputError that names `source` and the bad field."""
-        try:
-            return cls(**fields)
-        except ValidationError as exc:
-            msgs = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'profile'}: {e['msg']}"
-                for e in exc.errors()
-            )
-            raise BadInputError(f"{source}: {msgs}") from exc
+        return validate(cls, fields, source)
 
     @property
     def up_loss(self) -> float:

@@ -16,9 +16,7 @@ packet reaches the sender's interface, i.e. after the bridge-side holder release
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import select
 import signal
 import socket
@@ -26,19 +24,10 @@ import struct
 import sys
 import time
 
+from testbed.netem.realtime import set_realtime
+
 HEADER = struct.Struct("!cQQ")
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
-
-
-def set_realtime(prio: int) -> None:
-    """SCHED_FIFO at `prio` (else nice -10): measure the link, not the CPU scheduler."""
-    if prio <= 0:
-        return
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
-    except (OSError, AttributeError):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, 0, -10)
 
 
 def arp_complete(ip: str) -> bool:
