@@ -21,29 +21,47 @@ def run(
 ) -> None:
     """Validate the playbook, bring up the lab, run every condition, write results."""
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from testbed.results.report import condition_frame, print_summary
     from testbed.runner.run import execute
     from testbed.runner.sled import describe_condition
 
     console = Console()
+    progress = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=dry_run,
+    )
+    task = progress.add_task("conditions", total=None)
+
+    def condition_done(entry: dict) -> None:
+        progress.console.print(describe_condition(entry))
+        progress.advance(task)
+
     if lab != "emulated":
         console.print(f"[red]--lab {lab}: only the emulated lab is supported so far[/red]")
         raise typer.Exit(ExitCode.BAD_INPUT)
 
     def say(msg: str) -> None:
-        console.print(msg, markup=False, highlight=False, style=None if dry_run else "dim")
+        progress.console.print(msg, markup=False, highlight=False, style=None if dry_run else "dim")
 
     try:
-        outcome = execute(
-            playbook,
-            resume=resume,
-            out=out,
-            retry_failed=retry_failed,
-            dry_run=dry_run,
-            say=say,
-            on_condition=lambda e: console.print(describe_condition(e)),
-        )
+        with progress:
+            outcome = execute(
+                playbook,
+                resume=resume,
+                out=out,
+                retry_failed=retry_failed,
+                dry_run=dry_run,
+                say=say,
+                on_condition=condition_done,
+                on_plan=lambda n: progress.update(task, total=n),
+            )
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: the lab is down; finish with --resume RUN[/yellow]")
         raise typer.Exit(ExitCode.FAILED) from None

@@ -63,8 +63,13 @@ def execute(
     dry_run: bool = False,
     say: Callable[[str], None] = print,
     on_condition: Callable[[dict], None] | None = None,
+    on_plan: Callable[[int], None] | None = None,
 ) -> RunOutcome:
-    """Run (or resume) a playbook on the emulated lab; returns how many conditions did what."""
+    """Run (or resume) a playbook on the emulated lab; returns how many conditions did what.
+
+    `on_plan(n)` is told how many conditions will run, `on_condition(entry)` each journal
+    entry as it is written.
+    """
     if resume is not None:
         store = RunStore(resume)
         if not store.manifest_path.exists():
@@ -94,6 +99,8 @@ def execute(
     finished = store.finished(retry_failed)
     todo = [c for c in conditions if c.id not in finished]
     say(f"run folder {store.root} ({len(conditions)} conditions, {len(todo)} to run)")
+    if on_plan:
+        on_plan(len(todo))
     if not todo:
         write_condition_table(store)
         return RunOutcome(store, 0, 0, len(conditions))
