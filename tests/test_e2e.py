@@ -148,3 +148,21 @@ def test_dry_run_prints_actions_and_changes_nothing(tmp_path):
         assert needle in text, needle
     assert list(tmp_path.iterdir()) == []
     assert leftovers() == []
+
+
+def test_a_failed_condition_is_journaled_and_the_sweep_goes_on(root_netns, tmp_path, tiny_pair):
+    playbook = tmp_path / "strict.yaml"
+    playbook.write_text(
+        "name: strict\nlab: {devices: 1}\nworkload: {problems_per_device: 1, max_new_tokens: 16}\n"
+        "link: {probe_packets: 50}\n"
+        # no emulated link holds 85 ms to within a microsecond: the guard must refuse it
+        "sweep:\n  link.rtt_tolerance_ms: [0.001, 1.0]\n"
+    )
+    outcome = execute(playbook, out=tmp_path / "results", say=lambda _m: None)
+    assert (outcome.done, outcome.failed) == (1, 1)
+    first, second = RunStore(outcome.store.root).journal()
+    assert first["status"] == "failed"
+    assert "link does not measure as requested" in first["reason"]
+    assert first["link"]["summary"]["rtt_measured_ms"] > 0  # what was measured is kept
+    assert second["status"] == "done"
+    assert leftovers() == []

@@ -66,3 +66,42 @@ def test_bad_playbooks_name_file_key_and_expectation(tmp_path, text, needles):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(BadInputError, match="no such file"):
         load_playbook(tmp_path / "absent.yaml")
+
+
+def test_topology_fills_devices_and_link_unless_the_playbook_sets_them(tmp_path):
+    topo = tmp_path / "t.yaml"
+    topo.write_text(
+        "name: t\ndevices: 5\nlinks:\n  wifi: {rtt_ms: 60, loss: 0.02}\n  g5: {rtt_ms: 30}\n"
+        "primary: wifi\n"
+    )
+    pb = load_playbook(write(tmp_path, "name: p\ntopology: t.yaml\nlink: {loss: 0.5}\n"))
+    assert pb.lab.devices == 5
+    assert (pb.link.rtt_ms, pb.link.loss) == (60, 0.5)
+
+
+def test_shipped_star_topology_is_valid():
+    from testbed.config.topology import load_topology
+
+    topo = load_topology(REPO / "topologies" / "star.yaml")
+    assert topo.link_section().rtt_ms == 85
+
+
+@pytest.mark.parametrize(
+    ("topology", "needles"),
+    [
+        ("name: t\ndevices: 2\nlinks: {wifi: {rtt_ms: 85}}\nprimary: lte\n", ["primary", "lte"]),
+        ("name: t\ndevices: 0\nlinks: {wifi: {rtt_ms: 85}}\nprimary: wifi\n", ["devices"]),
+    ],
+)
+def test_bad_topology_is_named(tmp_path, topology, needles):
+    (tmp_path / "t.yaml").write_text(topology)
+    with pytest.raises(BadInputError) as err:
+        load_playbook(write(tmp_path, "name: p\ntopology: t.yaml\n"))
+    assert "t.yaml" in str(err.value)
+    for needle in needles:
+        assert needle in str(err.value)
+
+
+def test_missing_topology_is_named(tmp_path):
+    with pytest.raises(BadInputError, match="absent.yaml not found"):
+        load_playbook(write(tmp_path, "name: p\ntopology: absent.yaml\n"))

@@ -73,6 +73,7 @@ class Playbook(Strict):
     description: str = ""
     mode: Literal["sled"] = "sled"
     seed: int = 1
+    topology: str | None = Field(None, description="topologies/*.yaml giving devices and link")
     lab: LabSection = LabSection()
     models: ModelsSection = ModelsSection()
     workload: WorkloadSection = WorkloadSection()
@@ -146,10 +147,37 @@ def expand(playbook: Playbook, source: str = "playbook") -> list[Condition]:
     return out
 
 
+def apply_topology(data: dict[str, Any], source: Path) -> None:
+    """Fill `lab.devices` and `link` from the playbook's topology where it does not set them."""
+    from testbed.config.topology import load_topology
+    from testbed.paths import REPO_ROOT
+
+    name = data["topology"]
+    if not isinstance(name, str):
+        raise BadInputError(f"{source}: topology: expected a path to a topology file")
+    candidates = [source.parent / name, REPO_ROOT / name]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise BadInputError(
+            f"{source}: topology: {name} not found (looked in {source.parent} and {REPO_ROOT})"
+        )
+    topo = load_topology(found)
+    for key, defaults in (
+        ("lab", {"devices": topo.devices}),
+        ("link", topo.links[topo.primary].model_dump(exclude_none=True)),
+    ):
+        section = data.setdefault(key, {})
+        if isinstance(section, dict):
+            for k, v in defaults.items():
+                section.setdefault(k, v)
+
+
 def load_playbook(path: str | Path) -> Playbook:
-    """Read and validate a playbook file."""
+    """Read and validate a playbook file (with its topology's defaults, if it names one)."""
     path = Path(path)
     data = read_yaml(path)
+    if isinstance(data, dict) and data.get("topology") is not None:
+        apply_topology(data, path)
     pb = validate(Playbook, data, str(path))
     if pb.workload.kind == "gsm8k" and not pb.workload.gsm8k_path:
         raise BadInputError(f"{path}: workload.gsm8k_path: required when workload.kind is gsm8k")

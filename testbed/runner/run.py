@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from testbed.config.playbook import Condition, Playbook, expand, load_playbook
 from testbed.errors import BadInputError, TestbedError
 from testbed.hosts.control import HostControl
@@ -95,7 +97,10 @@ def execute(
                                     "workload": pb.workload.seed},
                                     conditions=[c.id for c in conditions]))  # fmt: skip
         assert playbook_path is not None
-        (store.root / "playbook.yaml").write_text(Path(playbook_path).read_text())
+        # the resolved playbook (topology applied) is what a resume runs; the file as given
+        # is kept beside it for the record
+        (store.root / "playbook.yaml").write_text(yaml.safe_dump(pb.model_dump(mode="json")))
+        (store.root / "playbook.source.yaml").write_text(Path(playbook_path).read_text())
     finished = store.finished(retry_failed)
     todo = [c for c in conditions if c.id not in finished]
     say(f"run folder {store.root} ({len(conditions)} conditions, {len(todo)} to run)")
@@ -143,7 +148,7 @@ def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
     base = {"condition": cond.id, "index": cond.index, "values": cond.values, "started": t0}
     try:
         result = run_condition(ctx, cond, staged)
-    except (TestbedError, OSError, RuntimeError, ValueError) as exc:
+    except Exception as exc:  # a failed condition is journaled; the sweep goes on
         reason = str(exc) if isinstance(exc, TestbedError) else f"{type(exc).__name__}: {exc}"
         (staged / "error.txt").write_text(traceback.format_exc())
         entry = {**base, "status": "failed", "reason": reason, "seconds": time.time() - t0}
