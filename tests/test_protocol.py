@@ -48,3 +48,14 @@ def test_bad_datagrams_are_named(data, needle):
 def test_oversized_message_is_refused():
     with pytest.raises(wire.ProtocolError, match="exceeds a datagram"):
         wire.Verify("d", 1, "s", 0, list(range(20000)), []).encode()
+
+
+def test_agent_address_arguments():
+    import argparse
+
+    from agents.protocol.address import parse_address
+
+    assert parse_address("10.77.0.1:7000") == ("10.77.0.1", 7000)
+    for bad in ("10.77.0.1", ":7000", "host:port", "h:70000"):
+        with pytest.raises(argparse.ArgumentTypeError, match="HOST:PORT"):
+            parse_address(bad)

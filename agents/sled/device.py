@@ -23,9 +23,9 @@ from typing import Any
 from agents.engines.base import Engine, TokenizerMismatchError
 from agents.engines.factory import load_engine
 from agents.protocol import wire
+from agents.protocol.address import parse_address
 from agents.records import RecordWriter
 from agents.sled.link import ServerLink
-from agents.sled.server import parse_address
 from agents.spec.decoding import draft_tokens, finish
 from agents.spec.session import TrackedSession
 

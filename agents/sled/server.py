@@ -22,6 +22,7 @@ from pathlib import Path
 from agents.engines.base import Engine
 from agents.engines.factory import load_engine
 from agents.protocol import wire
+from agents.protocol.address import parse_address
 from agents.records import RecordWriter
 from agents.spec.acceptance import verify
 from agents.spec.session import TrackedSession
@@ -226,14 +227,6 @@ class VerificationServer:
                         break
             if batch:
                 self.verify_batch(batch)
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """'HOST:PORT' -> (host, port), with a clear error."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
 
 
 def main(argv: list[str] | None = None) -> int:
