@@ -33,7 +33,7 @@ def test_greedy_sd_equals_target_ad_on_50_prompts(tiny_pair, target, draft_kind,
         draft = LlamaCppEngine(tiny_pair.draft_gguf, n_threads=1)
     else:
         draft = TorchEngine(tiny_pair.draft_hf, threads=1)
-    accepted = drafted = 0
+    accepted = drafted = rejections = rounds = 0
     for p in heldout_problems(50, seed=21):
         ids = target.tokenize(prompt(p))
         ad = generate_ad(target, ids, 48)
@@ -41,7 +41,10 @@ def test_greedy_sd_equals_target_ad_on_50_prompts(tiny_pair, target, draft_kind,
         assert sd.tokens == ad.tokens, p.question
         accepted += sd.accepted
         drafted += sd.drafted
+        rejections += sd.rejections
+        rounds += sd.rounds
     assert 0 < accepted < drafted  # speculation happened, with both accepts and rejects
+    assert 0 < rejections < rounds
 
 
 def exact_two_token_distribution(engine, ids, temperature):

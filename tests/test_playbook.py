@@ -49,6 +49,8 @@ def test_sweep_is_a_cartesian_product_with_stable_ids(tmp_path):
         ("name: t\nsweep:\n  link.lost: [0.1]\n", ["link.lost", "does not name a playbook"]),
         ("name: t\nsweep:\n  link.loss: [0.1, 2]\n", ["sweep", "link.loss", "2"]),
         ("name: t\nsweep:\n  link.loss: []\n", ["sweep.link.loss", "non-empty list"]),
+        ("name: t\nsweep:\n  lab.devices: [1, 2]\n", ["sweep.lab.devices", "whole run"]),
+        ("name: t\nsweep:\n  models.target: [a, b]\n", ["sweep.models.target", "whole run"]),
         ("name: bad name\n", ["name", "pattern"]),
         ("- a\n- b\n", ["expected a mapping"]),
         ("name: t\nworkload:\n  kind: gsm8k\n", ["workload.gsm8k_path", "required"]),

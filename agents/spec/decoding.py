@@ -27,6 +27,7 @@ class Generation:
     rounds: int = 0  # SD rounds (AD: target forwards)
     drafted: int = 0
     accepted: int = 0
+    rejections: int = 0  # SD rounds that ended in a rejected draft
     accepted_lengths: list[int] = field(default_factory=list)  # per round, with the bonus
     draft_seconds: float = 0.0  # SD: time spent drafting
     verify_seconds: float = 0.0  # SD: time spent in target forwards and the acceptance rule
@@ -138,7 +139,8 @@ def generate_sd(
             new = verdict.emitted(drafts)
             committed.extend(new)
             gen.rounds += 1
-            gen.drafted += k
+            gen.drafted += len(drafts)  # fewer than k when the draft stopped at EOS
+            gen.rejections += verdict.accepted < len(drafts)
             gen.accepted += verdict.accepted
             gen.accepted_lengths.append(len(new))
             gen.tokens, done = finish(gen.tokens + new, target.eos_id, max_new)

@@ -27,17 +27,17 @@ from agents.spec.decoding import generate_ad, generate_sd
 class SdBenchResult:
     prompts: int
     draft_len: int
-    ad_tokens: int
-    ad_seconds: float
-    sd_tokens: int
-    sd_seconds: float
-    rounds: int
-    drafted: int
-    accepted: int
-    rejections: int
-    draft_seconds: float
-    verify_seconds: float
-    identical_outputs: int  # prompts whose SD output equals the AD output
+    ad_tokens: int = 0
+    ad_seconds: float = 0.0
+    sd_tokens: int = 0
+    sd_seconds: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    identical_outputs: int = 0  # prompts whose SD output equals the AD output
 
     @property
     def acceptance_rate(self) -> float:
@@ -110,7 +110,7 @@ def run_sd_bench(
     """Warm up, then run AD and SD over the same prompts, interleaved prompt by prompt."""
     generate_ad(target, prompts[0], 4)
     generate_sd(draft, target, prompts[0], 4, draft_len)
-    r = SdBenchResult(len(prompts), draft_len, 0, 0.0, 0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0)
+    r = SdBenchResult(len(prompts), draft_len)
     for p in prompts:
         ad = generate_ad(target, p, max_new)
         sd = generate_sd(draft, target, p, max_new, draft_len)
@@ -121,7 +121,7 @@ def run_sd_bench(
         r.rounds += sd.rounds
         r.drafted += sd.drafted
         r.accepted += sd.accepted
-        r.rejections += sum(1 for n in sd.accepted_lengths if n <= draft_len)
+        r.rejections += sd.rejections
         r.draft_seconds += sd.draft_seconds
         r.verify_seconds += sd.verify_seconds
         r.identical_outputs += ad.tokens == sd.tokens

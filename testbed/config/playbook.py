@@ -20,6 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from testbed.config.loading import read_yaml, validate
 from testbed.errors import BadInputError
 
+# Settings fixed for a whole run (the lab, the models, the topology): sweeping them would need
+# a new lab or new models per condition, so a sweep naming them is refused.
+RUN_WIDE_KEYS = ("name", "sweep", "mode", "topology", "lab", "models.draft", "models.target")
+
 
 class Strict(BaseModel):
     """Base: unknown keys are errors (a typo must not be silently ignored)."""
@@ -88,8 +92,11 @@ class Playbook(Strict):
         for key, values in v.items():
             if not values:
                 raise ValueError(f"sweep.{key}: expected a non-empty list of values")
-            if key.split(".")[0] in ("sweep", "name"):
-                raise ValueError(f"sweep.{key}: this key cannot be swept")
+            if any(key == k or key.startswith(k + ".") for k in RUN_WIDE_KEYS):
+                raise ValueError(
+                    f"sweep.{key}: fixed for the whole run, cannot be swept "
+                    f"(run-wide: {', '.join(RUN_WIDE_KEYS)})"
+                )
         return v
 
     @model_validator(mode="after")

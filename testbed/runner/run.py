@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from agents.workloads.arithmetic import Problem
 from testbed.config.playbook import Condition, Playbook, expand, load_playbook
 from testbed.errors import BadInputError, TestbedError
 from testbed.hosts.control import HostControl
@@ -24,7 +26,6 @@ from testbed.results.store import RunStore
 from testbed.runner.models import resolve_models
 from testbed.runner.reference import target_answers
 from testbed.runner.sled import RunContext, run_condition
-from testbed.runner.workload import problems_for
 
 LAB_NAME = "run"
 
@@ -50,7 +51,6 @@ def new_run_dir(pb: Playbook, base: Path | None = None) -> Path:
 
 def playbook_for_resume(store: RunStore) -> tuple[Playbook, str]:
     """The playbook saved in a run folder, revalidated."""
-
     path = store.root / "playbook.yaml"
     if not path.exists():
         raise BadInputError(f"{store.root}: not a resumable run (no playbook.yaml)")
@@ -112,15 +112,12 @@ def execute(
 
     models = resolve_models(pb.models, say)
     spec = LabSpec.build(f"{source}: lab", name=LAB_NAME, devices=pb.lab.devices)
-    devices = [h.name for h in spec.plan(spec.resolved_state_dir())[1:]]
-    problems = problems_for(pb.workload, devices)
-    say("target's own greedy answers (the reference for verified answers)")
-    reference = target_answers(
-        models.target,
-        [p for ps in problems.values() for p in ps],
-        pb.workload.max_new_tokens,
-        cache=store.root / "reference_answers.json",
-    )
+
+    def reference(problems: list[Problem], max_new: int) -> dict[str, str]:
+        return target_answers(
+            models.target, problems, max_new, cache=store.root / "reference_answers.json"
+        )
+
     done = failed = 0
     say(f"emulated lab up: 1 server + {pb.lab.devices} devices")
     with EmulatedLab.running(spec) as lab, HostControl(lab.inventory()) as hosts:
@@ -130,7 +127,7 @@ def execute(
             models={"draft": models.draft, "target": models.target,
                     "tokenizer_hash": models.tokenizer_hash},
         )  # fmt: skip
-        ctx = RunContext(lab, hosts, models.draft, models.target, problems, reference, say)
+        ctx = RunContext(lab, hosts, models.draft, models.target, reference, say)
         for cond in todo:
             entry = _run_one(ctx, store, cond)
             done += entry["status"] == "done"
@@ -163,32 +160,19 @@ def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
 
 
 def _dry_run(pb: Playbook, conditions: list[Condition], say: Callable[[str], None]) -> RunOutcome:
-    """Print the lab, impairment and Fabric actions of every condition without doing them."""
-    from testbed.netem.api import apply, clear
-    from testbed.netem.profile import LinkProfile
-
+    """Print the lab, impairment and Fabric actions of every condition without doing them:
+    the same `run_condition` as a real run, on a dry-run lab and host control."""
     runner = SystemRunner(dry_run=True, echo=lambda line: say(f"  {line}"))
     spec = LabSpec.build("lab", name=LAB_NAME, devices=pb.lab.devices)
     say(f"dry run of {pb.name}: {len(conditions)} conditions; nothing is changed")
     lab = EmulatedLab.up(spec, runner=runner)
-    with HostControl(lab.inventory(), dry_run=True) as hosts:
+    hosts = HostControl(lab.inventory(), dry_run=True, echo=lambda line: say(f"  {line}"))
+    with hosts, tempfile.TemporaryDirectory() as tmp:
+        ctx = RunContext(lab, hosts, "<draft>", "<target>", lambda _p, _n: {}, say, dry_run=True)
         for cond in conditions:
             say(f"condition {cond.id}")
-            profile = LinkProfile.build("link", rtt_ms=cond.playbook.link.rtt_ms,
-                                        loss=cond.playbook.link.loss)  # fmt: skip
-            apply(lab, profile, backend=cond.playbook.link.backend, runner=runner)
-            say(f"  [probe] {len(lab.devices)} device links, {cond.playbook.link.probe_packets} "
-                "UDP probes each")  # fmt: skip
-            from testbed.runner.sled import device_command, server_command
-
-            inv = lab.inventory()
-            say(f"  [fabric] {inv.server.name}: start "
-                f"{server_command(inv.server, cond, '<target>', 'runs/' + cond.id)}")  # fmt: skip
-            for dev in inv.devices:
-                cmd = device_command(dev, inv.server, cond, "<draft>", "runs/" + cond.id)
-                say(f"  [fabric] {dev.name}: start {cmd}")
-            say("  [fabric] wait for devices, stop server, fetch records")
-            clear(lab, runner=runner)
-        del hosts
+            staged = Path(tmp) / cond.id
+            staged.mkdir()
+            run_condition(ctx, cond, staged)
     lab.down()
     return RunOutcome(None, 0, 0, 0)

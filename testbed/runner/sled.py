@@ -25,7 +25,7 @@ from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
 from testbed.results.atomic import atomic_write_json
 from testbed.results.tables import frame_from_jsonl, summarize, write_parquet
 from testbed.runner.linkcheck import check_links, summarize_links
-from testbed.runner.workload import write_problem_file
+from testbed.runner.workload import problems_for, write_problem_file
 
 SERVER_PORT = 7000
 AGENT_ENV = {
@@ -47,8 +47,8 @@ class RunContext:
     hosts: HostControl
     draft_model: str
     target_model: str
-    problems: dict[str, list[Problem]]  # device name -> its problems
-    reference: dict[str, str]  # problem id -> the target's greedy answer
+    # (problems, max_new) -> problem id -> the target's own greedy answer
+    reference: Callable[[list[Problem], int], dict[str, str]]
     say: Callable[[str], None]
     dry_run: bool = False
 
@@ -190,7 +190,9 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
         imp = apply(lab, profile, backend=pb.link.backend)
         link.update(backend=imp.backend, backend_reason=imp.reason, holder=imp.holder)
         if ctx.dry_run:
-            probes = {}
+            ctx.say(
+                f"  probe {len(inv.devices)} device links, {pb.link.probe_packets} UDP packets each"
+            )
         else:
             probes = probe_links(lab, requested=profile, count=pb.link.probe_packets)
             link["summary"] = summarize_links(probes)
@@ -211,13 +213,13 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
         if not ctx.dry_run:
             wait_for_file(hosts, server, f"{server_records}/ready", sproc, 120)
 
-        dprocs: dict[str, RemoteProcess] = {}
+        problems = problems_for(pb.workload, [d.name for d in inv.devices])
         for dev in inv.devices:
             dev_records = f"{dev.workdir}/{records}"
             hosts.run(dev, f"rm -rf {shlex.quote(dev_records)} && mkdir -p {dev_records}")
             local = staged / "inputs" / f"{dev.name}.problems.jsonl"
             local.parent.mkdir(parents=True, exist_ok=True)
-            write_problem_file(ctx.problems[dev.name], local)
+            write_problem_file(problems[dev.name], local)
             hosts.put(dev, local, f"{dev_records}/problems.jsonl")
         ctx.say(f"{cond.id}: starting {len(inv.devices)} device agents")
         dprocs = hosts.start_all(
@@ -239,7 +241,8 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
             fetch(hosts, dev, f"{dev.workdir}/{records}", DEVICE_FILES, dprocs[dev.name],
                   staged / "hosts" / dev.name)  # fmt: skip
         fetch(hosts, server, server_records, SERVER_FILES, sproc, staged / "hosts" / server.name)
-        metrics = build_tables(staged, cond, ctx.reference)
+        answered = [p for ps in problems.values() for p in ps]
+        metrics = build_tables(staged, cond, ctx.reference(answered, pb.workload.max_new_tokens))
         return {"link": link, "metrics": metrics}
     finally:
         if procs:
