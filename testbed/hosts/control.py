@@ -189,21 +189,21 @@ class HostControl:
         """Run `full` on `h` over SSH (no record, no check); AgentError naming the host."""
         from invoke.exceptions import CommandTimedOut
 
-        timed_out = AgentError(f"{h.name}: timed out after {timeout} s: {full}")
-        started = time.monotonic()
         try:
             with self._locks[h.name]:
+                started = time.monotonic()
                 res = self.connection(h).run(
                     full, hide=True, warn=True, timeout=timeout, in_stream=False
                 )
+                ran_s = time.monotonic() - started
+            # invoke's timer closes the channel before it counts as expired, so a kill
+            # can surface as exit -1 instead of CommandTimedOut: judge by the clock too.
+            if timeout is not None and res.exited == -1 and ran_s >= timeout:
+                raise CommandTimedOut(res, timeout=timeout)
         except CommandTimedOut as exc:
-            raise timed_out from exc
+            raise AgentError(f"{h.name}: timed out after {timeout} s: {full}") from exc
         except Exception as exc:  # paramiko/socket errors: name the host
             raise AgentError(f"{h.name} ({h.address}): cannot run {full!r}: {exc}") from exc
-        # invoke's timer closes the channel before it counts as expired, so a kill
-        # can surface as exit -1 instead of CommandTimedOut: judge by the clock too.
-        if timeout is not None and res.exited == -1 and time.monotonic() - started >= timeout:
-            raise timed_out
         return RunResult(h.name, full, res.exited, res.stdout, res.stderr)
 
     def run(
