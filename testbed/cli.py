@@ -8,7 +8,19 @@ from __future__ import annotations
 
 import typer
 
-from testbed.commands import bench, lab, models, report, run
+from testbed.commands import (
+    balance,
+    bench,
+    capacity,
+    compare,
+    dashboard,
+    lab,
+    models,
+    report,
+    results,
+    run,
+    validate,
+)
 
 app = typer.Typer(
     help="Edge speculative-inference testbed: build models, bring up labs, run experiments.",
@@ -20,6 +32,15 @@ app.add_typer(lab.app, name="lab")
 app.add_typer(bench.app, name="bench")
 app.command("run")(run.run)
 app.command("report")(report.report)
+app.add_typer(results.app, name="results")
+app.command("validate")(validate.validate)
+app.command("capacity")(capacity.capacity)
+app.command("dashboard")(dashboard.dashboard)
+app.command("compare")(compare.compare)
+app.command("profile")(balance.profile)
+bench.app.command("balance")(balance.bench_balance)
+bench.app.command("balance-sim")(balance.bench_balance_sim)
+bench.app.command("balance-check")(balance.bench_balance_check)
 
 
 def main() -> None:

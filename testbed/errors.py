@@ -16,6 +16,7 @@ class ExitCode(IntEnum):
     AGENTS = 5  # agents could not be started or their records fetched
     CONDITIONS_FAILED = 6  # the run finished but some conditions failed
     MISSING_PRIVILEGE = 7  # needs root / a kernel feature this machine lacks
+    REGRESSION = 8  # testbed compare: a metric moved past its tolerance the bad way
 
 
 class TestbedError(RuntimeError):

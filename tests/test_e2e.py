@@ -1,12 +1,16 @@
-"""End to end on the emulated lab: `testbed run experiments/smoke.yaml`, resume, dry run.
+"""End to end: `testbed run experiments/smoke.yaml`, resume, dry run, and one small experiment
+on each lab kind: namespaces, mininet and inventory (over namespace hosts).
 
 These bring up real namespaces, sshd per host, the NFQUEUE link emulation and the agents
-through Fabric; they need root (CI runs them as root).
+through Fabric; they need root (CI runs them as root). Runs use lab `erun` on 10.78.5.0/24
+(TESTBED_LAB_NAME / TESTBED_LAB_SUBNET), so they share a machine with other labs.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +19,24 @@ import pandas as pd
 import pytest
 from conftest import require_root_netns
 
+from testbed.lab import EmulatedLab, LabSpec, SystemRunner
 from testbed.lab.clean import leftovers
+from testbed.lab.physical import describe_namespace_lab
 from testbed.results.store import RunStore
 from testbed.runner.run import execute
 
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = [sys.executable, "-m", "testbed.cli"]
+LAB, SUBNET = "erun", "10.78.5.0/24"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_lab_name():
+    """Every run of this module brings up lab `erun` (the runner reads these variables)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TESTBED_LAB_NAME", LAB)
+        mp.setenv("TESTBED_LAB_SUBNET", SUBNET)
+        yield
 
 
 def run_dirs(parent: Path) -> list[Path]:
@@ -96,22 +112,25 @@ def test_manifest_and_tables_are_complete(smoke_run):
     assert manifest["playbook"]["name"] == "smoke"
     for cond in df["condition"]:
         folder = RunStore(run).condition_dir(cond)
-        for name in ("rounds", "requests", "agents"):
+        for name in ("rounds", "requests", "hosts", "links"):
             assert (folder / f"{name}.parquet").exists(), (cond, name)
         link = json.loads((folder / "link.json").read_text())
         assert link["requested"]["rtt_ms"] == 85.0 and link["backend"]
         assert set(link["probes"]) == {"dev1", "dev2"}
+        hosts = pd.read_parquet(folder / "hosts.parquet").set_index("dev")
+        assert hosts.loc["dev1", "host_class"] == "pi5"  # from the topology, via the inventory
+    assert manifest["lab"]["kind"] == "namespaces" and manifest["lab"]["classes"] == {"pi5": 2}
 
 
 def test_lab_is_gone_after_the_run(smoke_run):
-    assert leftovers() == []
+    assert leftovers(LAB) == []
 
 
 def test_interrupted_run_resumes_without_loss_or_duplicates(root_netns, tmp_path, tiny_pair):
     playbook = tmp_path / "two.yaml"
     playbook.write_text(
         "name: two\nlab: {devices: 1}\nworkload: {problems_per_device: 1, max_new_tokens: 24}\n"
-        "link: {probe_packets: 50}\nsweep:\n  link.loss: [0.0, 1.0]\n"
+        "impairment: {probe_packets: 50}\nsweep:\n  link.loss: [0.0, 1.0]\n"
     )
     out = tmp_path / "results"
 
@@ -122,7 +141,7 @@ def test_interrupted_run_resumes_without_loss_or_duplicates(root_netns, tmp_path
         execute(playbook, out=out, say=lambda _m: None, on_condition=crash)
     (run,) = run_dirs(out)
     assert len(RunStore(run).journal()) == 1
-    assert leftovers() == []  # the lab came down on the interrupt
+    assert leftovers(LAB) == []  # the lab came down on the interrupt
 
     outcome = execute(None, resume=run, say=lambda _m: None)
     assert (outcome.done, outcome.failed, outcome.skipped) == (1, 0, 1)
@@ -143,20 +162,19 @@ def test_dry_run_prints_actions_and_changes_nothing(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = proc.stdout
-    for needle in ("ip netns add", "NFQUEUE", "agents.sled.server", "agents.sled.device",
-                   "statistic"):  # fmt: skip
+    for needle in ("ip netns add", "NFQUEUE", "agents.sled.server", "agents.sled.device"):
         assert needle in text, needle
     assert list(tmp_path.iterdir()) == []
-    assert leftovers() == []
+    assert leftovers(LAB) == []
 
 
 def test_a_failed_condition_is_journaled_and_the_sweep_goes_on(root_netns, tmp_path, tiny_pair):
     playbook = tmp_path / "strict.yaml"
     playbook.write_text(
         "name: strict\nlab: {devices: 1}\nworkload: {problems_per_device: 1, max_new_tokens: 16}\n"
-        "link: {probe_packets: 50}\n"
+        "impairment: {probe_packets: 50}\n"
         # no emulated link holds 85 ms to within a microsecond: the guard must refuse it
-        "sweep:\n  link.rtt_tolerance_ms: [0.001, 1.0]\n"
+        "sweep:\n  impairment.rtt_tolerance_ms: [0.001, 1.0]\n"
     )
     outcome = execute(playbook, out=tmp_path / "results", say=lambda _m: None)
     assert (outcome.done, outcome.failed) == (1, 1)
@@ -165,4 +183,71 @@ def test_a_failed_condition_is_journaled_and_the_sweep_goes_on(root_netns, tmp_p
     assert "link does not measure as requested" in first["reason"]
     assert first["link"]["summary"]["rtt_measured_ms"] > 0  # what was measured is kept
     assert second["status"] == "done"
-    assert leftovers() == []
+    assert leftovers(LAB) == []
+
+
+SMALL = (
+    "name: small\nlab: {devices: 2}\nworkload: {problems_per_device: 1, max_new_tokens: 16}\n"
+    "impairment: {probe_packets: 50, backend: nfqueue}\nlink: {rtt_ms: 40, loss: 0.05}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "needle"),
+    [
+        ("namespaces", "ip netns add tb-erun-dev2"),
+        ("mininet", "addHost dev2"),
+        ("inventory", "ip netns exec tb-edry-sw iptables-restore"),  # on the middlebox
+    ],
+)
+def test_dry_run_prints_each_lab_kinds_commands(tmp_path, kind, needle):
+    args = ["--lab", kind]
+    if kind == "inventory":
+        ns = EmulatedLab.up(
+            LabSpec(name="edry", devices=2, subnet="10.78.6.0/24", state_dir=tmp_path / "ns"),
+            runner=SystemRunner(dry_run=True, echo=lambda _l: None),
+        )
+        args = ["--inventory", str(describe_namespace_lab(ns, ns.inventory_hosts(),
+                                                          tmp_path / "inv.yml"))]  # fmt: skip
+    (tmp_path / "small.yaml").write_text(SMALL)
+    proc = subprocess.run(
+        [*TESTBED, "run", str(tmp_path / "small.yaml"), "--dry-run", *args],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "COLUMNS": "1000"},  # one command a line
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = proc.stdout
+    assert needle in text
+    makes_hosts = re.search(r"ip netns (add|attach) tb-erun-dev1", text) is not None
+    assert makes_hosts == (kind != "inventory")  # an inventory lab's hosts exist already
+    assert "--physdev-in p-dev2" in text and "agents.sled.device" in text
+    assert leftovers(LAB) == []
+
+
+def test_same_experiment_on_all_three_lab_kinds(root_netns, tmp_path, tiny_pair):
+    """The small experiment on lab kinds `namespaces` and `mininet`, then on kind `inventory`
+    over namespace hosts (described in an inventory file alone): each completes and records
+    every link's requested and measured profile."""
+    playbook = tmp_path / "small.yaml"
+    playbook.write_text(SMALL)
+    outcomes = {
+        kind: execute(playbook, out=tmp_path / kind, lab_kind=kind, say=lambda _m: None)
+        for kind in ("namespaces", "mininet")
+    }
+    spec = LabSpec(name="ehosts", devices=2, subnet="10.78.7.0/24", state_dir=tmp_path / "h")
+    with EmulatedLab.running(spec) as ns:
+        inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml")
+        outcomes["inventory"] = execute(
+            playbook, out=tmp_path / "inv", inventory=str(inv), say=lambda _m: None
+        )
+    for kind, outcome in outcomes.items():
+        assert (outcome.done, outcome.failed) == (1, 0), kind
+        manifest = json.loads((outcome.store.root / "manifest.json").read_text())
+        assert manifest["lab"]["kind"] == kind
+        (entry,) = RunStore(outcome.store.root).journal()
+        assert entry["link"]["requested"]["rtt_ms"] == 40
+        probes = entry["link"]["probes"]
+        assert set(probes) == {"dev1", "dev2"}
+        for probe in probes.values():
+            assert abs(probe["rtt_ms"]["p50"] - 40) <= 1.0, (kind, probe)
+    assert leftovers(LAB) == [] and leftovers("ehosts") == []

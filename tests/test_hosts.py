@@ -1,4 +1,5 @@
-"""Inventory validation and Fabric host control (commands, background processes, files)."""
+"""Fabric host control: commands, group results with partial failure, background processes,
+files (inventories are tested in test_inventory.py)."""
 
 from __future__ import annotations
 
@@ -6,37 +7,23 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import require_root_netns
 
 from testbed.errors import AgentError, BadInputError
-from testbed.hosts import HostControl, load_inventory, parse_inventory
+from testbed.hosts import GroupError, GroupResult, HostControl, Inventory, InventoryHost
 from testbed.hosts.control import env_prefix, remote_path, start_script
-from testbed.hosts.inventory import dump_inventory
-
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLE = REPO / "ansible" / "inventories" / "lab.example.yml"
 
 
-def _write(tmp_path: Path, doc: object) -> Path:
-    path = tmp_path / "lab.yml"
-    path.write_text(yaml.safe_dump(doc) if not isinstance(doc, str) else doc)
-    return path
-
-
-def _doc(**server_vars: object) -> dict:
-    server = {"ansible_host": "10.0.0.1", "ansible_user": "root", "workdir": "/w", **server_vars}
-    return {
-        "all": {
-            "children": {
-                "servers": {"hosts": {"srv": server}},
-                "devices": {
-                    "vars": {"ansible_user": "pi", "workdir": "/home/pi/w"},
-                    "hosts": {"pi1": {"ansible_host": "10.0.0.2"}},
-                },
-            }
-        }
-    }
+def two_hosts() -> Inventory:
+    """A server and a device that no test connects to."""
+    return Inventory(
+        source="two hosts",
+        hosts=(
+            InventoryHost(name="srv", role="server", address="10.0.0.1", user="root", workdir="/w"),
+            InventoryHost(name="pi1", role="device", address="10.0.0.2", user="pi",
+                          workdir="/home/pi/w"),
+        ),
+    )  # fmt: skip
 
 
 def live_group_members(pgid: int) -> list[int]:
@@ -50,68 +37,6 @@ def live_group_members(pgid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             found.append(int(stat.parent.name))
     return found
-
-
-# --- inventory -----------------------------------------------------------------------------
-
-
-def test_example_inventory_is_valid() -> None:
-    inv = load_inventory(EXAMPLE)
-    assert [h.name for h in inv.servers] == ["a100"]
-    assert [h.name for h in inv.devices] == ["pi5-1", "pi5-2", "jetson-1"]
-    jetson = inv.host("jetson-1")
-    assert (jetson.user, jetson.workdir) == ("nvidia", "/home/nvidia/edge-testbed")
-    assert inv.host("pi5-1").user == "pi"  # group vars
-    assert jetson.key_file == Path("~/.ssh/edge_lab_ed25519").expanduser()  # all vars
-
-
-def test_group_vars_and_relative_key(tmp_path: Path) -> None:
-    inv = load_inventory(_write(tmp_path, _doc(ansible_ssh_private_key_file="keys/id")))
-    assert inv.server.key_file == tmp_path / "keys" / "id"
-    assert inv.devices[0].user == "pi" and inv.devices[0].workdir == "/home/pi/w"
-    assert inv.server.port == 22 and inv.server.python == "python3"
-
-
-@pytest.mark.parametrize(
-    ("doc", "expected"),
-    [
-        (_doc(ansible_port="ssh"), r"host 'srv' \(group servers\): ansible_port: .*integer"),
-        (_doc(ansible_port=70000), r"host 'srv' \(group servers\): ansible_port: .*65535"),
-        (_doc(role="device"), r"host 'srv' \(group servers\): role: expected 'server'"),
-        ({"all": {"children": {"devices": {"hosts": {}}}}}, r"at least one host in group"),
-        ({"all": {"hosts": {"x": {}}}}, r"all.hosts: put each host under children"),
-        (
-            {"all": {"children": {"servers": {"hosts": {"s": {"workdir": "/w"}}}}}},
-            r"host 's' \(group servers\): missing ansible_host",
-        ),  # fmt: skip
-        ({"all": {"children": {"servers": []}}}, r"servers: expected a mapping"),
-        ("all: [unclosed", r"not valid YAML"),
-    ],
-)
-def test_inventory_errors_name_file_host_and_key(tmp_path: Path, doc, expected: str) -> None:
-    path = _write(tmp_path, doc)
-    with pytest.raises(BadInputError, match=expected) as err:
-        load_inventory(path)
-    assert str(path) in str(err.value)
-
-
-def test_host_in_two_groups_is_refused(tmp_path: Path) -> None:
-    doc = _doc()
-    doc["all"]["children"]["devices"]["hosts"]["srv"] = {"ansible_host": "10.0.0.9"}
-    with pytest.raises(BadInputError, match=r"host 'srv' \(group \w+\): also listed in group \w+"):
-        load_inventory(_write(tmp_path, doc))
-
-
-def test_unknown_host_lookup_names_the_hosts(tmp_path: Path) -> None:
-    inv = load_inventory(_write(tmp_path, _doc()))
-    with pytest.raises(BadInputError, match=r"no host 'nope' \(hosts: srv, pi1\)"):
-        inv.host("nope")
-
-
-def test_dump_then_parse_round_trips(tmp_path: Path) -> None:
-    inv = load_inventory(EXAMPLE)
-    again = parse_inventory(yaml.safe_load(dump_inventory(list(inv.hosts), inv.vars)), "x")
-    assert again.hosts == inv.hosts
 
 
 # --- shell snippets and dry-run ------------------------------------------------------------
@@ -148,7 +73,7 @@ def test_start_script_runs_detached_locally(tmp_path: Path) -> None:
 
 
 def test_dry_run_prints_and_connects_to_nothing(tmp_path: Path) -> None:
-    inv = load_inventory(_write(tmp_path, _doc()))
+    inv = two_hosts()
     printed: list[str] = []
     hc = HostControl(inv, dry_run=True, echo=printed.append)
     hc.run_all("uname -a")
@@ -175,7 +100,7 @@ def hc(tmp_path_factory: pytest.TempPathFactory):
     from testbed.lab import EmulatedLab, LabSpec
 
     spec = LabSpec(
-        name="thost", devices=2, subnet="10.77.203.0/24", state_dir=tmp_path_factory.mktemp("th")
+        name="fhost", devices=2, subnet="10.80.2.0/24", state_dir=tmp_path_factory.mktemp("fh")
     )
     with EmulatedLab.running(spec) as lab, HostControl(lab.inventory()) as control:
         yield control
@@ -193,8 +118,26 @@ def test_failures_name_the_host(hc: HostControl) -> None:
         hc.run("dev2", "sleep 5", timeout=1)
     results = hc.run_all('test $(hostname) && [ "$PWD" != /nowhere ]', check=True)
     assert all(r.ok for r in results.values())
-    with pytest.raises(AgentError, match="server: exit 1"):
-        hc.run_all("case $PWD in */server) exit 1;; esac")
+    with pytest.raises(GroupError, match="failed on 1 of 3 host.*server: exit 1") as err:
+        hc.run_all("case $PWD in */server) echo no >&2; exit 1;; esac; echo yes")
+    # Fabric's shape: the successes are kept beside the failure, each keyed by host
+    assert isinstance(err.value.result, GroupResult)
+    assert set(err.value.result.succeeded) == {"dev1", "dev2"}
+    assert all(r.stdout == "yes\n" for r in err.value.result.succeeded.values())
+    assert list(err.value.result.failed) == ["server"]
+    assert err.value.result.reasons()["server"] == "server: exit 1 no"
+    relaxed = hc.run_all("case $PWD in */server) exit 1;; esac", check=False)
+    assert relaxed["server"].returncode == 1 and not relaxed.failed
+
+
+def test_unreachable_host_fails_alone(hc: HostControl) -> None:
+    """A host that cannot be reached is one failure naming it; the others still answer."""
+    ghost = hc.inventory.devices[0].model_copy(update={"name": "ghost", "address": "10.80.2.250"})
+    inv = hc.inventory.model_copy(update={"hosts": (*hc.inventory.hosts, ghost)})
+    with HostControl(inv, connect_timeout=2) as control, pytest.raises(GroupError) as err:
+        control.run_all("hostname")
+    assert set(err.value.result.succeeded) == {"server", "dev1", "dev2"}
+    assert "ghost (10.80.2.250): cannot run" in err.value.result.reasons()["ghost"]
 
 
 def test_background_process_lifecycle(hc: HostControl) -> None:
@@ -245,7 +188,22 @@ def test_start_and_stop_on_every_device(hc: HostControl) -> None:
     )
     assert set(procs) == {"dev1", "dev2"}
     assert all(hc.is_alive(p) for p in procs.values())
-    assert "dev2 at 10.77.203.3" in hc.log_tail(procs["dev2"])
+    assert "dev2 at 10.80.2.3" in hc.log_tail(procs["dev2"])
     stopped = hc.stop_all(procs.values(), grace_s=2)
-    assert stopped == {"dev1/drafter": False, "dev2/drafter": False}
+    assert dict(stopped) == {"dev1/drafter": False, "dev2/drafter": False}
     assert not any(hc.is_alive(p) for p in procs.values())
+
+
+def test_facts_read_back_per_host(hc: HostControl) -> None:
+    """`read_facts`: each host's facts file as a dict; a host without one fails alone."""
+    from testbed.hosts.provisioned import read_facts
+
+    work = Path(hc.inventory.host("dev1").workdir)
+    (work / "facts").mkdir(exist_ok=True)
+    (work / "facts" / "netem.json").write_text('{"sch_netem": false, "backend": "userspace"}')
+    assert read_facts(hc, "netem", ["dev1"])["dev1"]["backend"] == "userspace"
+    with pytest.raises(GroupError) as err:
+        read_facts(hc, "netem", ["dev1", "dev2"])
+    assert set(err.value.result.succeeded) == {"dev1"}
+    assert "dev2: no " in err.value.result.reasons()["dev2"]
+    assert "run the site playbook on it first" in str(err.value)

@@ -94,6 +94,26 @@ def test_dry_run_prints_actions_and_creates_nothing(tmp_path: Path) -> None:
     assert system_leftovers("tdry") == []
 
 
+def test_lab_from_a_mixed_topology_keeps_each_host_class(tmp_path: Path) -> None:
+    from testbed.topo.files import load_topology
+
+    topo = load_topology(REPO / "topologies" / "mixed-fleet.yaml")
+    spec = LabSpec(name="adry", topology=topo, subnet="10.78.8.0/24", state_dir=tmp_path / "s")
+    lab = EmulatedLab.up(spec, runner=SystemRunner(dry_run=True, echo=lambda _l: None))
+    assert lab.kind == "namespaces" and len(lab.devices) == 16
+    classes = {h.name: h.host_class for h in lab.inventory().hosts}
+    assert classes["server"] == "a100"
+    assert classes["dev10"] == "pi5" and classes["dev11"] == "jetson-orin-nano"
+    assert lab.describe()["classes"] == {"pi5": 10, "jetson-orin-nano": 6}
+
+
+def test_devices_rescale_the_default_star() -> None:
+    spec = LabSpec.build("cli", name="x", devices=5)
+    assert spec.devices == 5 and spec.topology.name == "star"
+    with pytest.raises(BadInputError, match="devices"):
+        LabSpec.build("cli", devices=0)
+
+
 # --- root: a real lab ----------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """Link impairment: profiles, rules, the NFQUEUE holder, probes, and controller traffic kept clean.
 
 Statistical checks use wide (99.9 %) binomial bounds so they do not flake; the 95 % figures
-are for `bench/bench_link.py`.
+are for `testbed bench link`.
 """
 
 from __future__ import annotations
@@ -21,17 +21,19 @@ from testbed.netem.nfqueue import (
     CHAIN_DOWN,
     CHAIN_UP,
     holder_tag,
+    link_changes,
     plan_rules,
     restore_text,
 )
-from testbed.netem.probe import summarize
+from testbed.netem.probe import probe_packets, summarize
+from testbed.netem.profile import GilbertElliott, ScheduleStep
 from testbed.netem.tcnetem import TcNetemBackend, netem_args
 
 # --- no root needed ------------------------------------------------------------------------
 
 
 def test_profile_validation_names_the_field() -> None:
-    with pytest.raises(BadInputError, match=r"loss: .*less than or equal to 1"):
+    with pytest.raises(BadInputError, match=r"loss\.random: .*less than or equal to 1"):
         LinkProfile.build("playbook.yaml", rtt_ms=85, loss=1.5)
     with pytest.raises(BadInputError, match=r"jitter_ms .* must not exceed"):
         LinkProfile.build("playbook.yaml", rtt_ms=10, jitter_ms=6)
@@ -56,6 +58,9 @@ def test_binomial_interval() -> None:
     assert stats.loss_within(20, 200, 0.1) and not stats.loss_within(60, 200, 0.1)
     assert not stats.loss_within(1, 200, 0.0) and stats.loss_within(0, 0, 0.5)
     assert stats.percentile([1, 2, 3, 4], 50) == 2.5
+    assert stats.loss_runs([True, True, False, False, True]) == [2, 1]
+    lo, hi = stats.rate_interval(5, 100)
+    assert 0.01 < lo < 0.05 < hi < 0.12
 
 
 def test_summarize_counts_each_direction() -> None:
@@ -72,7 +77,7 @@ def test_summarize_counts_each_direction() -> None:
 
 
 def _dry_lab(tmp_path: Path, devices: int = 2) -> EmulatedLab:
-    spec = LabSpec(name="tdry", devices=devices, subnet="10.77.209.0/24", state_dir=tmp_path)
+    spec = LabSpec(name="bdry", devices=devices, subnet="10.79.209.0/24", state_dir=tmp_path)
     return EmulatedLab.up(spec, runner=SystemRunner(dry_run=True, echo=lambda _l: None))
 
 
@@ -83,23 +88,23 @@ def test_rules_match_only_the_device_server_path(tmp_path: Path) -> None:
     rules = plan_rules(lab.server, devices, profiles)
     server = lab.server.ip
     for r in rules:
-        assert server in (r.src, r.dst)  # controller (10.77.209.254) never matches
-    dev1 = [r for r in rules if r.device == "dev1"]
-    assert [(r.chain, r.loss is not None, r.queue is not None) for r in dev1] == [
-        (CHAIN_UP, True, False),
-        (CHAIN_UP, False, True),
-        (CHAIN_DOWN, True, False),
-        (CHAIN_DOWN, False, True),
+        assert server in (r.src, r.dst)  # controller (10.79.209.254) never matches
+    # one queue per direction of each device; loss is the holder's, not a kernel rule
+    assert [(r.device, r.chain, r.queue) for r in rules] == [
+        ("dev1", CHAIN_UP, 102),
+        ("dev1", CHAIN_DOWN, 103),
+        ("dev2", CHAIN_UP, 104),
+        ("dev2", CHAIN_DOWN, 105),
     ]
-    dev2 = [r for r in rules if r.device == "dev2"]  # 100 %: a plain DROP, nothing queued
-    assert all(r.loss == 1 and r.queue is None for r in dev2)
     text = restore_text(rules)
     assert "--physdev-in p-dev1" in text and "--physdev-out p-dev1" in text
-    assert "-m statistic --mode random --probability 0.1000000000 -j DROP" in text
     assert (
-        f"-A {CHAIN_UP} -s 10.77.209.3/32 -d {server}/32 -m physdev --physdev-in p-dev2 -j DROP"
-        in text
+        f"-A {CHAIN_UP} -s 10.79.209.3/32 -d {server}/32 -m physdev --physdev-in p-dev2 "
+        "-j NFQUEUE --queue-num 104" in text
     )
+    assert "DROP" not in text and "statistic" not in text
+    rate_only = plan_rules(lab.server, devices, {"dev1": LinkProfile(rate_mbit=5)})
+    assert rate_only == []  # HTB alone limits the rate: nothing queued
 
 
 def test_dry_run_apply_prints_rules_and_starts_nothing(tmp_path: Path) -> None:
@@ -110,7 +115,7 @@ def test_dry_run_apply_prints_rules_and_starts_nothing(tmp_path: Path) -> None:
     assert imp.backend == "nfqueue"
     text = "\n".join(printed)
     assert "iptables-restore --wait=5 --noflush" in text
-    assert "tb-holder --tag tb-tdry-holder --rt-prio 20 102:42500:0 103:42500:0" in text
+    assert "tb-holder --tag tb-bdry-holder --rt-prio 20 --log" in text
     assert not (tmp_path / "impairment.json").exists()
 
 
@@ -118,13 +123,13 @@ def test_netem_backend_commands(tmp_path: Path) -> None:
     lab = _dry_lab(tmp_path)
     runner = SystemRunner(dry_run=True, echo=lambda _l: None)
     TcNetemBackend(runner).apply(lab, {"dev2": LinkProfile(rtt_ms=85, jitter_ms=1, loss=0.1)})
-    cmds = [a for a in runner.actions if " tc " in f" {a.split(' tb-tdry-sw ')[-1]} "]
+    cmds = [a for a in runner.actions if " tc " in f" {a.split(' tb-bdry-sw ')[-1]} "]
     text = "\n".join(cmds)
     netem = "netem limit 100000 delay 42.5ms 1ms loss random 10%"
     assert f"tc qdisc add dev p-dev2 parent 1:2 handle 2: {netem}" in text
-    match = "u32 match ip src 10.77.209.1/32 flowid 1:2"
+    match = "u32 match ip src 10.79.209.1/32 flowid 1:2"
     assert f"tc filter add dev p-dev2 parent 1: protocol ip prio 1 {match}" in text
-    assert "match ip src 10.77.209.3/32 match ip dst 10.77.209.1/32 flowid 1:102" in text
+    assert "match ip src 10.79.209.3/32 match ip dst 10.79.209.1/32 flowid 1:102" in text
     assert "p-dev1" not in text.replace("tc qdisc del dev p-dev1 root", "")
     assert netem_args(LinkProfile(loss=1.0), "up") == [
         "netem",
@@ -143,7 +148,7 @@ def test_netem_backend_commands(tmp_path: Path) -> None:
 def lab(tmp_path_factory: pytest.TempPathFactory):
     require_root_netns()
     spec = LabSpec(
-        name="tnet", devices=2, subnet="10.77.202.0/24", state_dir=tmp_path_factory.mktemp("tnet")
+        name="bnet", devices=2, subnet="10.79.202.0/24", state_dir=tmp_path_factory.mktemp("bnet")
     )
     with EmulatedLab.running(spec) as running:
         yield running
@@ -170,7 +175,7 @@ def test_85ms_rtt_without_loss(clean_links: EmulatedLab) -> None:
     imp = apply(lab, LinkProfile(rtt_ms=85))
     assert imp.backend in ("netem", "nfqueue") and set(imp.profiles) == {"dev1", "dev2"}
     if imp.backend == "nfqueue":
-        assert imp.holder in ("c", "python")
+        assert imp.holder == "c"
     res = probe_link(lab, "dev1", count=200, interval_ms=5)
     assert res.received_back == 200
     assert abs(res.rtt_ms.p50 - 85) <= 1.0, res.rtt_ms
@@ -230,14 +235,6 @@ def test_verify_refuses_a_dead_holder(clean_links: EmulatedLab) -> None:
     assert res.received_back == 0
 
 
-def test_python_holder(clean_links: EmulatedLab) -> None:
-    lab = clean_links
-    imp = apply(lab, LinkProfile(rtt_ms=50), backend="nfqueue", holder="python")
-    assert (imp.backend, imp.holder) == ("nfqueue", "python")
-    res = probe_link(lab, "dev1", count=100, interval_ms=5)
-    assert abs(res.rtt_ms.p50 - 50) <= 1.0
-
-
 def test_clear_removes_rules_and_holder(lab: EmulatedLab) -> None:
     from testbed.lab.discover import tagged_processes
 
@@ -281,19 +278,98 @@ def test_rate_limit_classes_follow_the_profile(clean_links: EmulatedLab) -> None
 
 def test_jitter_spreads_rtt_without_reordering(clean_links: EmulatedLab) -> None:
     lab = clean_links
-    apply(lab, LinkProfile(rtt_ms=40, jitter_ms=4, seed=7), devices=["dev1"])
-    res = probe_link(lab, "dev1", count=200, interval_ms=5)
-    assert res.rtt_ms.max - res.rtt_ms.min > 2.0  # spread by the jitter
-    assert res.rtt_ms.min >= 32 - 0.5 and res.rtt_ms.max <= 48 + 2.0  # within +-j each way
+    # the holder's promise (netem reorders when jitter exceeds the spacing), on every kernel
+    apply(lab, LinkProfile(rtt_ms=40, jitter_ms=4, seed=7), devices=["dev1"], backend="nfqueue")
+    # 1 ms spacing, 4 ms jitter: an independent draw per packet would reorder most of them
+    raw = probe_packets(lab, "dev1", count=300, interval_ms=1)
+    assert raw.at_server == sorted(raw.at_server) and len(raw.at_server) == 300
+    assert list(raw.rtt_ms) == sorted(raw.rtt_ms) and len(raw.rtt_ms) == 300
+    rtts = list(raw.rtt_ms.values())
+    assert max(rtts) - min(rtts) > 2.0  # spread by the jitter
+    assert min(rtts) >= 32 - 0.5 and max(rtts) <= 48 + 5.0  # within +-j each way (+ FIFO wait)
 
 
-def test_holder_falls_back_to_python_without_a_compiler(tmp_path: Path, monkeypatch) -> None:
+def test_gilbert_elliott_loss_comes_in_bursts(clean_links: EmulatedLab) -> None:
+    lab = clean_links
+    ge = GilbertElliott(p=0.05, r=0.25)  # mean loss 1/6, mean burst 4 packets
+    prof = LinkProfile(rtt_ms=2, loss_up=ge, loss_down=0.0, seed=3)
+    apply(lab, prof, devices=["dev1"], backend="nfqueue")
+    raw = probe_packets(lab, "dev1", count=3000, interval_ms=0.5)
+    got = set(raw.at_server)
+    lost = [seq not in got for seq in range(raw.sent)]
+    runs = stats.loss_runs(lost)
+    # wide bounds (about 4 sigma at 3000 packets): the model, not independent loss
+    assert 0.11 < sum(lost) / raw.sent < 0.23, sum(lost)
+    assert 3.0 < sum(runs) / len(runs) < 5.3, sum(runs) / len(runs)  # random loss: about 1.2
+    assert len(raw.rtt_ms) == len(got)  # nothing lost on the way down
+
+
+def test_schedule_steps_apply_at_their_times(clean_links: EmulatedLab) -> None:
+    lab = clean_links
+    steps = [ScheduleStep(at_s=1.0, loss=1.0), ScheduleStep(at_s=2.0, loss=0.0, rtt_ms=20)]
+    imp = apply(lab, LinkProfile(rtt_ms=10, schedule=steps), devices=["dev2"], backend="nfqueue")
+    raw = probe_packets(lab, "dev2", count=300, interval_ms=10)  # about 3 s, from ~0.2 s on
+    changes = link_changes(lab)
+    mine = [c for c in changes if c["link"] == "dev2" and c["direction"] == "up"][-3:]
+    assert [c["phase"] for c in mine] == [0, 1, 2]
+    assert [c["1-k"] for c in mine] == [0, 1, 0] and mine[2]["delay_us"] == 10_000
+    t0 = mine[0]["at"]
+    assert abs(mine[1]["at"] - t0 - 1.0) < 0.05 and abs(mine[2]["at"] - t0 - 2.0) < 0.05
+    assert imp.applied_at == pytest.approx(t0, abs=1.0)
+    # packets are 10 ms apart: one unbroken second of 100 % loss, nothing lost outside it
+    got = set(raw.at_server)
+    first_lost, last_lost = min(set(range(300)) - got), max(set(range(300)) - got)
+    outage = (last_lost - first_lost) * 0.01
+    assert 0.9 < outage < 1.1, outage
+    assert len(got) == 300 - (last_lost - first_lost + 1)
+    after = [raw.rtt_ms[s] for s in raw.rtt_ms if s > last_lost + 10]
+    before = [raw.rtt_ms[s] for s in raw.rtt_ms if s < first_lost - 10]
+    assert after and before and min(after) > 19 and max(before) < 13
+
+
+def test_profile_changes_live_without_restarting_the_holder(clean_links: EmulatedLab) -> None:
+    lab = clean_links
+    later = LinkProfile(rtt_ms=20, schedule=(ScheduleStep(at_s=30, loss=1.0),))
+    apply(lab, later, devices=["dev2"], backend="nfqueue")
+    first = apply(lab, LinkProfile(rtt_ms=30), devices=["dev1"], backend="nfqueue")
+    second = apply(lab, LinkProfile(rtt_ms=60), devices=["dev1"], backend="nfqueue")
+    assert first.backend_state["holder_pid"] == second.backend_state["holder_pid"]
+    res = probe_link(lab, "dev1", count=40, interval_ms=5)
+    assert abs(res.rtt_ms.p50 - 60) <= 1.0
+    # each change is logged for the link it changed; dev2's schedule kept its clock
+    log = [(c["generation"], c["link"], c["delay_us"]) for c in link_changes(lab)]
+    gens = sorted({g for g, _, _ in log})[-3:]
+    assert [x for x in log if x[0] in gens and x[1] == "dev1"] == [
+        (gens[1], "dev1", 15_000),
+        (gens[1], "dev1", 15_000),
+        (gens[2], "dev1", 30_000),
+        (gens[2], "dev1", 30_000),
+    ]
+    assert [x for x in log if x[0] in gens and x[1] == "dev2"] == [(gens[0], "dev2", 10_000)] * 2
+
+
+def test_calibrate_measures_rate_limit_and_counts_both_sides(lab: EmulatedLab) -> None:
+    from testbed.netem.calibrate import calibrate
+
+    profiles = {"r5": LinkProfile(rtt_ms=10, rate_mbit=5), "l20": LinkProfile(rtt_ms=10, loss=0.2)}
+    rows = calibrate(lab, profiles, ["dev2"], count=300, interval_ms=2, parallel=1)
+    assert [(r.profile, r.device, r.backend) for r in rows] == [
+        ("r5", "dev2", rows[0].backend),
+        ("l20", "dev2", rows[0].backend),
+    ]
+    rate, lossy = rows
+    # UDP payload of 1200-byte datagrams on a 5 Mbit/s link: 1200/1242 of it, not more
+    assert rate.throughput_mbit is not None and 4.0 < rate.throughput_mbit <= 5.0
+    assert abs(rate.rtt_p50_ms - 10) < 1.0 and rate.loss_up.lost == 0
+    assert lossy.loss_down.of == 300 - lossy.loss_up.lost  # down counted on what got up
+    assert _bound(lossy.loss_up) and _bound(lossy.loss_down)
+    assert current(lab) is None  # calibrate clears what it applied
+
+
+def test_holder_needs_a_compiler(tmp_path: Path, monkeypatch) -> None:
     from testbed.netem import holder_build
 
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))  # nothing compiled there yet
     monkeypatch.setattr(holder_build.shutil, "which", lambda _name: None)
-    holder = holder_build.find_holder()
-    assert holder.kind == "python" and holder.argv[-1].endswith("holder_py.py")
-    assert "no C compiler" in holder.note
-    with pytest.raises(PrivilegeError, match="C packet holder unavailable"):
-        holder_build.find_holder("c")
+    with pytest.raises(PrivilegeError, match="no C compiler"):
+        holder_build.find_holder()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from agent_harness import KEY, LossyRelay, ServerThread, problems, run_device
 
 from agents.engines.base import TokenizerMismatchError
 from agents.engines.llama_cpp import LlamaCppEngine
@@ -16,9 +16,10 @@ from agents.protocol import wire
 from agents.records import RecordWriter, read_records
 from agents.sled.device import DeviceAgent, DeviceConfig
 from agents.sled.link import ServerLink
-from agents.sled.server import VerificationServer
+from agents.sled.retry import FixedTimeout
 from agents.spec.decoding import generate_ad
-from agents.workloads.arithmetic import heldout_problems, prompt
+
+FIXED = FixedTimeout(200.0)
 
 
 @pytest.fixture(scope="module")
@@ -29,77 +30,6 @@ def target(tiny_pair):
 @pytest.fixture(scope="module")
 def draft(tiny_pair):
     return LlamaCppEngine(tiny_pair.draft_gguf, n_threads=1)
-
-
-class ServerThread:
-    """A VerificationServer on 127.0.0.1 served from a background thread."""
-
-    def __init__(self, engine, records: Path, window_ms: float = 2.0) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.addr = self.sock.getsockname()
-        self.records = RecordWriter(records)
-        self.server = VerificationServer(engine, self.sock, self.records, window_ms=window_ms)
-        self.thread = threading.Thread(target=self.server.serve, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.stopping = True
-        self.thread.join(5)
-        self.records.close()
-        self.sock.close()
-
-
-class LossyRelay:
-    """A UDP forwarder on loopback that drops everything while `down` is set."""
-
-    def __init__(self, server: tuple[str, int]) -> None:
-        self.server = server
-        self.down = threading.Event()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.05)
-        self.addr = self.sock.getsockname()
-        self.client: tuple[str, int] | None = None
-        self.running = True
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while self.running:
-            try:
-                data, addr = self.sock.recvfrom(65535)
-            except (TimeoutError, OSError):
-                continue
-            if self.down.is_set():
-                continue
-            if addr == self.server:
-                if self.client:
-                    self.sock.sendto(data, self.client)
-            else:
-                self.client = addr
-                self.sock.sendto(data, self.server)
-
-    def stop(self) -> None:
-        self.running = False
-        self.thread.join(2)
-        self.sock.close()
-
-
-def problems(n: int, seed: int = 5) -> list[dict]:
-    return [
-        {"id": p.id, "prompt": prompt(p), "reference": p.result}
-        for p in heldout_problems(n, seed=seed)
-    ]
-
-
-def run_device(draft, addr, records: Path, items, dev="d1", **cfg) -> list[dict]:
-    link = ServerLink(addr, bind=("127.0.0.1", 0))
-    with RecordWriter(records) as writer:
-        agent = DeviceAgent(draft, link, writer, DeviceConfig(dev, **cfg))
-        agent.run(items)
-    link.close()
-    return read_records(records / "rounds.jsonl")
 
 
 def test_verified_answers_equal_the_targets_greedy_answers(tmp_path, draft, target):
@@ -153,20 +83,23 @@ def test_two_devices_are_verified_in_shared_batches(tmp_path, draft, tiny_pair, 
 
 def test_repeated_request_id_is_answered_from_cache(tmp_path, target):
     server = ServerThread(target, tmp_path / "server")
-    link = ServerLink(server.addr, bind=("127.0.0.1", 0))
+    link = ServerLink(server.addr, KEY, bind=("127.0.0.1", 0))
     try:
         ids = target.tokenize("Q: Tom has 3 apples. Sara gives Tom 4 more. How many apples")
-        req = wire.Verify("d1", 10, "s1", 0, ids, [5, 6, 7])
+        epoch = server.server.epoch
+        req = wire.Verify("d1", 10, "s1", 0, ids, [5, 6, 7], epoch)
         wanted = lambda m: isinstance(m, wire.Verdict)  # noqa: E731
-        first = link.request(req, wanted).reply
+        first = link.request(req, wanted, FIXED).reply
         batches_after_first = server.server.batches
-        again = link.request(req, wanted).reply
+        again = link.request(req, wanted, FIXED).reply
         assert again == first
         assert server.server.batches == batches_after_first  # not recomputed
-        stale = link.request(wire.Verify("d1", 9, "s1", 0, ids, [1]), wanted, 0.2, 0)
+        stale = link.request(wire.Verify("d1", 9, "s1", 0, ids, [1], epoch), wanted, FIXED, 0)
         assert stale.reply is None  # an older id is ignored
         resync = link.request(
-            wire.Verify("d1", 11, "s9", 5, [3], [4]), lambda m: isinstance(m, wire.Resync)
+            wire.Verify("d1", 11, "s9", 5, [3], [4], epoch),
+            lambda m: isinstance(m, wire.Resync),
+            FIXED,
         ).reply
         assert resync.have == 0
     finally:
@@ -176,10 +109,10 @@ def test_repeated_request_id_is_answered_from_cache(tmp_path, target):
 
 def test_tokenizer_mismatch_is_refused_naming_both_hashes(tmp_path, target, draft):
     server = ServerThread(target, tmp_path / "server")
-    link = ServerLink(server.addr, bind=("127.0.0.1", 0))
+    link = ServerLink(server.addr, KEY, bind=("127.0.0.1", 0))
     try:
         ack = link.request(
-            wire.Hello("d1", "f" * 64, rid=1), lambda m: isinstance(m, wire.HelloAck)
+            wire.Hello("d1", "f" * 64, rid=1), lambda m: isinstance(m, wire.HelloAck), FIXED
         ).reply
         assert not ack.ok
         assert "ffffffffffffffff" in ack.reason and target.tokenizer_hash[:16] in ack.reason
@@ -222,7 +155,7 @@ def test_device_returns_to_verification_when_the_link_heals(tmp_path, draft, tar
     relay.down.set()
     healed_at: list[float] = []
     rounds_file = tmp_path / "dev" / "rounds.jsonl"
-    link = ServerLink(relay.addr, bind=("127.0.0.1", 0))
+    link = ServerLink(relay.addr, KEY, bind=("127.0.0.1", 0))
     writer = RecordWriter(tmp_path / "dev")
     agent = DeviceAgent(draft, link, writer, DeviceConfig("d1", max_new=48))
 

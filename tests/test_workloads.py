@@ -10,6 +10,7 @@ import pytest
 
 from agents.workloads import gsm8k
 from agents.workloads.arithmetic import (
+    Problem,
     heldout_problems,
     is_heldout,
     make_problems,
@@ -185,3 +186,83 @@ def test_the_real_gsm8k_test_split() -> None:
     assert len(problems) == 1319
     assert problems[0].result == 18
     assert all(score(p.answer, p.answer) == (True, True) for p in problems)
+
+
+def test_lm_eval_prompt_format_with_fewshot_examples() -> None:
+    a = Problem("a", "What is 1+1?", "1+1=2\n#### 2", 2)
+    b = Problem("b", "What is 2+3?", "2+3=5\n#### 5", 5)
+    q = Problem("q", "What is 4+4?", "#### 8", 8)
+    text = gsm8k.format_prompt(q, "lm-eval", [a, b])
+    assert text == (
+        "Question: What is 1+1?\nAnswer: 1+1=2\n#### 2\n\n"
+        "Question: What is 2+3?\nAnswer: 2+3=5\n#### 5\n\n"
+        "Question: What is 4+4?\nAnswer:"
+    )
+    assert gsm8k.format_prompt(q, "lm-eval") == "Question: What is 4+4?\nAnswer:"
+    assert gsm8k.format_prompt(q) == prompt(q) == "Q: What is 4+4?\nA: "
+    with pytest.raises(ValueError, match="no few-shot"):
+        gsm8k.format_prompt(q, "plain", [a])
+
+
+def test_a_preset_prompt_text_is_the_prompt() -> None:
+    q = Problem("q", "What is 4+4?", "#### 8", 8, prompt_text="Question: What is 4+4?\nAnswer:")
+    assert prompt(q) == "Question: What is 4+4?\nAnswer:"
+
+
+def test_scoring_cuts_the_generation_at_the_first_stop_sequence() -> None:
+    # the model answers, then invents a next question whose numbers would fool flexible-extract
+    text = " 4+4=8\n#### 8\n\nQuestion: what is 9+9?\nAnswer: 18"
+    assert score(text, 8) == (True, True)
+    assert score("#### 8 Question: 7", 7) == (False, False)
+
+
+def test_poisson_arrivals_are_seeded_and_have_the_asked_rate() -> None:
+    from agents.workloads.arrival import poisson_offsets
+
+    offsets = poisson_offsets(4000, rate_per_s=2.0, seed=5)
+    assert offsets == poisson_offsets(4000, rate_per_s=2.0, seed=5)
+    assert offsets != poisson_offsets(4000, rate_per_s=2.0, seed=6)
+    assert all(b > a for a, b in zip(offsets, offsets[1:]))
+    # 4000 arrivals at 2/s: the mean gap 0.5 s has a standard error of 0.5/sqrt(4000) = 0.008
+    assert abs(offsets[-1] / 4000 - 0.5) < 5 * 0.5 / 4000**0.5
+    with pytest.raises(ValueError):
+        poisson_offsets(3, 0.0, 1)
+
+
+@pytest.mark.skipif(not gsm8k.DEFAULT_PATH.is_file(), reason="shared GSM8K copy not present")
+def test_gsm8k_workload_in_lm_eval_format_takes_the_first_train_problems() -> None:
+    from testbed.config.playbook import WorkloadSection
+    from testbed.runner.workload import problems_for
+
+    workload = WorkloadSection(
+        kind="gsm8k", gsm8k_path=str(gsm8k.DEFAULT_PATH), problems_per_device=2,
+        prompt_format="lm-eval", fewshot=3,
+    )  # fmt: skip
+    problems = problems_for(workload, ["d1", "d2"])
+    first = problems["d1"][0]
+    train = gsm8k.load_gsm8k(gsm8k.train_path(gsm8k.DEFAULT_PATH), limit=3)
+    text = prompt(first)
+    assert text.startswith(f"Question: {train[0].question}\nAnswer: {train[0].answer}\n\n")
+    assert text.count("Question: ") == 4 and text.endswith(f"{first.question}\nAnswer:")
+    assert first.id.endswith("-lm-eval3")
+    assert problems["d2"][1].question != first.question
+
+
+@pytest.mark.skipif(not gsm8k.DEFAULT_PATH.is_file(), reason="shared GSM8K copy not present")
+def test_problems_longer_than_max_prompt_tokens_are_passed_over(tiny_pair) -> None:
+    from tokenizers import Tokenizer
+
+    from testbed.config.playbook import WorkloadSection
+    from testbed.runner.workload import problems_for
+
+    workload = WorkloadSection(
+        kind="gsm8k", gsm8k_path=str(gsm8k.DEFAULT_PATH), problems_per_device=3,
+        prompt_format="lm-eval", max_prompt_tokens=150,
+    )  # fmt: skip
+    target = str(tiny_pair.target_hf)
+    problems = [p for ps in problems_for(workload, ["d1", "d2"], target).values() for p in ps]
+    tok = Tokenizer.from_file(str(tiny_pair.target_hf / "tokenizer.json"))
+    lengths = [len(tok.encode(prompt(p)).ids) for p in problems]
+    assert len(problems) == 6 and max(lengths) <= 150
+    everything = gsm8k.load_gsm8k(gsm8k.DEFAULT_PATH, limit=6)
+    assert [p.question for p in problems] != [p.question for p in everything]  # some skipped

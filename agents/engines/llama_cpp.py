@@ -254,12 +254,21 @@ class LlamaCppEngine(Engine):
         return out
 
     def draft_greedy(
-        self, sid: int, tokens: Sequence[int], k: int, stop_at_eos: bool = True
+        self,
+        sid: int,
+        tokens: Sequence[int],
+        k: int,
+        stop_at_eos: bool = True,
+        confidences: list[float] | None = None,
+        min_confidence: float = 0.0,
     ) -> list[int]:
         """Append tokens, then draft up to k greedy tokens (stopping after EOS if stop_at_eos).
 
         Every draft but the last is fed back, so afterwards the session holds tokens plus
         drafts[:-1]: the last draft, like the last committed token, is not yet in the cache.
+        Given a `confidences` list, each draft's probability under the draft model is
+        appended to it, and drafting stops after a draft whose probability is below
+        min_confidence.
         """
         if k < 1:
             raise ValueError(f"draft_greedy: k must be >= 1, got {k}")
@@ -286,8 +295,13 @@ class LlamaCppEngine(Engine):
         )
         drafts: list[int] = []
         while True:
-            t = int(as_array(get_logits(ctx, -1), shape=(vocab_size,)).argmax())
+            row = as_array(get_logits(ctx, -1), shape=(vocab_size,))
+            t = int(row.argmax())
             drafts.append(t)
+            if confidences is not None:
+                confidences.append(float(1.0 / np.exp(row - row[t]).sum()))
+                if confidences[-1] < min_confidence:
+                    return drafts
             if len(drafts) == k or t == eos:
                 return drafts
             batch.n_tokens = 1

@@ -143,6 +143,7 @@ class TorchEngine(Engine):
         self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
         self.tokenizer.encode_special_tokens = True  # "<s>" in text is text, as in llama.cpp
         self.vocab_size = int(cfg.vocab_size)
+        self.max_positions = int(getattr(cfg, "max_position_embeddings", 0) or 0) or None
         self.bos_id = _first_id(cfg.bos_token_id, "bos_token_id", self.path)
         self.eos_id = _first_id(cfg.eos_token_id, "eos_token_id", self.path)
         self.pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else self.eos_id
@@ -152,6 +153,15 @@ class TorchEngine(Engine):
         self._sessions: dict[int, _Session] = {}
         self._next_sid = 0
         self._hash: str | None = None
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys and values one cached token takes (all layers)."""
+        cfg = self.model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        element = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * cfg.num_hidden_layers * heads * head_dim * element
 
     # --- tokenizer -------------------------------------------------------------------------
 

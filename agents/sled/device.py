@@ -7,6 +7,11 @@ they are (marked unverified, "fallback") and the device keeps generating from it
 sending a HELLO probe every `probe_ms` without waiting for it. The first answer to a probe
 brings the device back to verification; it then sends the tokens the server has not seen
 as context, so the server's copy of the conversation catches up.
+
+Options (`DeviceConfig`): adaptive draft length (`draft_length`), RTT-following timeouts
+(`retry`), confidence stop, look-ahead while a verdict is in flight (`lookahead`), redundant
+copies of each VERIFY, speculative sampling with sparse draft distributions, and the
+centralized baseline (send the prompt, receive the target's tokens).
 """
 
 from __future__ import annotations
@@ -18,21 +23,37 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import numpy as np
 
 from agents.engines.base import Engine, TokenizerMismatchError
 from agents.engines.factory import load_engine
 from agents.protocol import wire
 from agents.protocol.address import parse_address
+from agents.protocol.auth import key_for_agent
 from agents.records import RecordWriter
+from agents.sled.device_config import DeviceConfigError, load_device_config
+from agents.sled.draft_length import DraftLengthController
 from agents.sled.link import ServerLink
+from agents.sled.lookahead import LookAhead
+from agents.sled.retry import AdaptiveTimeout, FixedTimeout, RetryPolicy
 from agents.spec.decoding import draft_tokens, finish
 from agents.spec.session import TrackedSession
+from agents.spec.sparse import sparse_rows
+
+RETRY_LATER = {"kv_pool_full", "engine_error", "sequence_too_long"}  # the round falls back
 
 
 @dataclass
 class DeviceConfig:
-    """Knobs of the device agent (defaults from the SLED design)."""
+    """Knobs of the device agent (defaults from the SLED design).
+
+    draft_policy "fixed" drafts draft_len tokens per round; "adaptive" lets
+    `DraftLengthController` choose within [draft_min, draft_max] toward target_acceptance.
+    timeout_policy "fixed" waits timeout_ms per attempt; "adaptive" starts there and follows
+    the measured RTT (`AdaptiveTimeout`) within [timeout_min_ms, timeout_max_ms].
+    """
 
     dev: str
     draft_len: int = 4
@@ -40,6 +61,31 @@ class DeviceConfig:
     retries: int = 3
     max_new: int = 64
     probe_ms: float = 200.0
+    draft_policy: Literal["fixed", "adaptive"] = "fixed"
+    draft_min: int = 3
+    draft_max: int = 8
+    target_acceptance: float = 0.75
+    timeout_policy: Literal["fixed", "adaptive"] = "fixed"
+    timeout_min_ms: float = 20.0
+    timeout_max_ms: float = 1000.0
+    mode: Literal["sled", "centralized"] = "sled"
+    temperature: float = 0.0  # 0: greedy; > 0: speculative sampling (top_k-truncated drafts)
+    top_k: int = 32
+    min_confidence: float = 0.0  # stop drafting after a draft less probable than this
+    copies: int = 1  # send each VERIFY this many times (and ask for as many verdicts)
+    lookahead: int = 0  # greedy: draft up to this many tokens ahead while a verdict is pending
+    seed: int | None = None
+    generate_timeout_s: float = 300.0
+
+    def retry_policy(self) -> RetryPolicy:
+        if self.timeout_policy == "adaptive":
+            return AdaptiveTimeout(self.timeout_ms, self.timeout_min_ms, self.timeout_max_ms)
+        return FixedTimeout(self.timeout_ms)
+
+    def draft_controller(self) -> DraftLengthController | None:
+        if self.draft_policy == "adaptive":
+            return DraftLengthController(self.draft_min, self.draft_max, self.target_acceptance)
+        return None
 
 
 class DeviceAgent:
@@ -52,9 +98,16 @@ class DeviceAgent:
         self.link = link
         self.records = records
         self.cfg = cfg
+        self.retry = cfg.retry_policy()
+        self.rng = np.random.default_rng(cfg.seed)
+        self.lengths = cfg.draft_controller()
         self.drafter = TrackedSession(engine)
-        self.rid = int(time.time() * 1000)  # increases across restarts of the agent
+        greedy_ahead = cfg.lookahead > 0 and cfg.temperature <= 0
+        self.ahead = LookAhead(self.drafter, cfg.lookahead, engine.eos_id) if greedy_ahead else None
+        self.carry: tuple[list[int], list[float]] = ([], [])  # look-ahead valid for next round
+        self.rid = time.time_ns() // 1000  # increases across restarts of the agent
         self.online = False
+        self.epoch = ""  # the server process's id, from its HELLO_ACK
         self.probe_rids: set[int] = set()
         self.last_probe = float("-inf")
         self.stopping = False
@@ -75,6 +128,7 @@ class DeviceAgent:
         if not msg.ok:
             raise TokenizerMismatchError(msg.reason)
         self.online = True
+        self.epoch = msg.epoch
         self.probe_rids.clear()
         return True
 
@@ -84,7 +138,7 @@ class DeviceAgent:
         ex = self.link.request(
             hello,
             lambda m: isinstance(m, wire.HelloAck) and m.rid == hello.rid,
-            self.cfg.timeout_ms / 1000,
+            self.retry,
             self.cfg.retries,
         )
         self.last_probe = time.monotonic()
@@ -102,26 +156,58 @@ class DeviceAgent:
             self.last_probe = time.monotonic()
 
     # -- one round -----------------------------------------------------------------------
-    def _verify(self, sid: str, committed: list[int], synced: int, drafts: list[int]):
-        """Send drafts for verification (resyncing if asked); return (verdict, exchange)."""
+    def _verify(self, sid: str, committed: list[int], synced: int, drafts: list[int],
+                q: np.ndarray | None = None, conf: list[float] | None = None):  # fmt: skip
+        """Send drafts (and, when sampling, their q rows) for verification, resyncing if
+        asked; return (verdict, exchange)."""
+        q_ids, q_probs = sparse_rows(q) if q is not None else ([], [])
         while True:
             rid = self.next_rid()
-            msg = wire.Verify(self.cfg.dev, rid, sid, synced, committed[synced:], drafts)
+            msg = wire.Verify(
+                self.cfg.dev, rid, sid, synced, committed[synced:], drafts, self.epoch,
+                self.cfg.temperature if q is not None else 0.0, q_ids, q_probs,
+                [round(c, 6) for c in conf or []], self.cfg.copies,
+            )  # fmt: skip
             ex = self.link.request(
                 msg,
                 lambda m, rid=rid: (
                     getattr(m, "rid", None) == rid
                     and isinstance(m, (wire.Verdict, wire.Resync, wire.Error))
                 ),
-                self.cfg.timeout_ms / 1000,
+                self.retry,
                 self.cfg.retries,
+                idle=self.ahead.step if self.ahead else None,
             )
             if isinstance(ex.reply, wire.Resync):
                 synced = min(synced, ex.reply.have)
                 continue
+            if isinstance(ex.reply, wire.Error) and ex.reply.code == "stale_epoch":
+                if self.handshake():  # the server restarted: new epoch, then resync
+                    continue
+                return None, ex
+            if isinstance(ex.reply, wire.Error) and ex.reply.code in RETRY_LATER:
+                return None, ex  # this round falls back; the device probes and comes back
             if isinstance(ex.reply, wire.Error):
                 raise RuntimeError(f"server refused request {rid}: {ex.reply.reason}")
             return ex.reply, ex
+
+    def _draft(self, committed: list[int], k: int):
+        """This round's drafts: first the look-ahead carried over, then fresh drafting.
+
+        Returns (drafts, q rows or None, confidences, how many came from the look-ahead)."""
+        cfg = self.cfg
+        reuse, reuse_conf = self.carry
+        self.carry = ([], [])
+        drafts, conf = list(reuse[:k]), list(reuse_conf[:k])
+        low = next((i for i, c in enumerate(conf) if c < cfg.min_confidence), None)
+        if low is not None:  # the confidence stop applies to carried drafts too
+            drafts, conf = drafts[: low + 1], conf[: low + 1]
+        used = len(drafts)
+        if low is not None or (drafts and drafts[-1] == self.engine.eos_id) or used == k:
+            return drafts, None, conf, used
+        more, q = draft_tokens(self.drafter, committed + drafts, k - used, cfg.temperature,
+                               self.rng, cfg.top_k, conf, cfg.min_confidence)  # fmt: skip
+        return drafts + more, q, conf, used
 
     def run_problem(self, problem: dict[str, Any]) -> dict[str, Any]:
         """Generate an answer to one problem; write round records; return the request record."""
@@ -130,24 +216,37 @@ class DeviceAgent:
         committed = self.engine.tokenize(problem["prompt"])
         n_prompt = len(committed)
         synced = 0  # how many of `committed` the server holds
+        self.carry = ([], [])  # look-ahead of another problem's last round is not ours
         out: list[int] = []
         verified = fallback = rounds = 0
         t_start = time.time()
         while True:
             t0 = time.time()
-            drafts, _ = draft_tokens(self.drafter, committed, cfg.draft_len)
+            k = self.lengths.current if self.lengths else cfg.draft_len
+            timeout_ms = self.retry.timeout_ms
+            drafts, q, conf, used = self._draft(committed, k)
             draft_ms = (time.time() - t0) * 1000
             if not self.online:
                 self.probe()
             verdict, ex = (None, None)
+            if self.ahead:
+                self.ahead.start(committed + drafts)
             if self.online:
-                verdict, ex = self._verify(sid, committed, synced, drafts)
+                verdict, ex = self._verify(sid, committed, synced, drafts, q, conf)
                 if verdict is None:
                     self.online = False
                     self.last_probe = time.monotonic()
+            ahead = len(self.ahead.tokens) if self.ahead else 0
+            if self.ahead:
+                v = isinstance(verdict, wire.Verdict)
+                self.carry = self.ahead.kept(v, v and verdict.accepted == len(drafts),
+                                             verdict.token if v else -1)  # fmt: skip
+                self.ahead.start([])
             if isinstance(verdict, wire.Verdict):
                 emitted = drafts[: verdict.accepted] + [verdict.token]
                 mode = "verified"
+                if self.lengths:
+                    self.lengths.observe(verdict.accepted, len(drafts))
             else:
                 emitted = drafts
                 mode = "fallback"
@@ -170,7 +269,13 @@ class DeviceAgent:
                     "t_start": t0,
                     "t_end": time.time(),
                     "mode": mode,
+                    "draft_len": k,
                     "drafted": len(drafts),
+                    "conf": conf,
+                    "lookahead_used": used,
+                    "lookahead_drafted": ahead,
+                    "lookahead_kept": len(self.carry[0]),
+                    "timeout_ms": timeout_ms,
                     "accepted": verdict.accepted if mode == "verified" else None,
                     "tokens": n_new,
                     "attempts": ex.attempts if ex else 0,
@@ -186,11 +291,12 @@ class DeviceAgent:
             if done or self.stopping:
                 break
         if self.online:
-            self.link.send(wire.End(cfg.dev, sid, self.next_rid()))
+            self.link.send(wire.End(cfg.dev, sid, self.next_rid(), self.epoch))
         record = {
             "dev": cfg.dev,
             "problem": sid,
             "t_start": t_start,
+            "t_arrival": problem.get("t_arrival"),
             "t_end": time.time(),
             "prompt_tokens": n_prompt,
             "tokens": len(out),
@@ -198,6 +304,74 @@ class DeviceAgent:
             "fallback_tokens": fallback,
             "rounds": rounds,
             "text": self.engine.detokenize(out),
+            "ids": out,
+            "reference": problem.get("reference"),
+        }
+        self.records.write("requests", record)
+        return record
+
+    def run_centralized(self, problem: dict[str, Any]) -> dict[str, Any]:
+        """Centralized baseline: send the prompt, the server's target generates every token.
+
+        The GENERATE is resent every retry timeout (the server ignores a repeat while it is
+        still generating and answers it from its cache once done) until `generate_timeout_s`.
+        """
+        cfg = self.cfg
+        sid = str(problem["id"])
+        prompt = self.engine.tokenize(problem["prompt"])
+        t_start = time.time()
+        reply: wire.Message | None = None
+        attempts = 0
+        if not self.online:
+            self.handshake()
+        while self.online and time.time() - t_start < cfg.generate_timeout_s and not self.stopping:
+            rid = self.next_rid()
+            msg = wire.Generate(cfg.dev, rid, sid, prompt, cfg.max_new, self.epoch)
+            while time.time() - t_start < cfg.generate_timeout_s and not self.stopping:
+                self.link.send(msg)
+                attempts += 1
+                reply = self.link.poll(
+                    lambda m, rid=rid: (
+                        getattr(m, "rid", None) == rid and isinstance(m, (wire.Result, wire.Error))
+                    ),
+                    self.retry.timeout_s(),
+                )
+                if reply is not None:
+                    break
+            if isinstance(reply, wire.Error) and reply.code == "stale_epoch":
+                self.handshake()
+                continue
+            if isinstance(reply, wire.Error) and reply.code in ("kv_pool_full", "engine_error"):
+                time.sleep(cfg.probe_ms / 1000)
+                continue
+            break
+        if isinstance(reply, wire.Error) and reply.code == "sequence_too_long":
+            reply = None  # recorded as an unanswered request: the server cannot take it
+        if isinstance(reply, wire.Error):
+            raise RuntimeError(f"server refused {sid}: {reply.reason}")
+        out = reply.tokens if isinstance(reply, wire.Result) else []
+        t_end = time.time()
+        self.records.write(
+            "rounds",
+            {"dev": cfg.dev, "problem": sid, "round": 0, "t_start": t_start, "t_end": t_end,
+             "mode": "centralized", "tokens": len(out), "attempts": attempts,
+             "waited_ms": (t_end - t_start) * 1000,
+             "server_queue_ms": getattr(reply, "queue_ms", None),
+             "server_compute_ms": getattr(reply, "gen_ms", None)},
+        )  # fmt: skip
+        record = {
+            "dev": cfg.dev,
+            "problem": sid,
+            "t_start": t_start,
+            "t_arrival": problem.get("t_arrival"),
+            "t_end": t_end,
+            "prompt_tokens": len(prompt),
+            "tokens": len(out),
+            "verified_tokens": len(out),
+            "fallback_tokens": 0,
+            "rounds": 1,
+            "text": self.engine.detokenize(out),
+            "ids": out,
             "reference": problem.get("reference"),
         }
         self.records.write("requests", record)
@@ -207,10 +381,17 @@ class DeviceAgent:
         """All problems in order; returns how many were answered."""
         self.handshake()
         done = 0
+        t0 = time.time()
         for problem in problems:
             if self.stopping:
                 break
-            self.run_problem(problem)
+            if problem.get("arrive_s") is not None:  # open-loop arrivals (Poisson)
+                problem = {**problem, "t_arrival": t0 + float(problem["arrive_s"])}
+                time.sleep(max(0.0, problem["t_arrival"] - time.time()))
+            if self.cfg.mode == "centralized":
+                self.run_centralized(problem)
+            else:
+                self.run_problem(problem)
             done += 1
         return done
 
@@ -233,24 +414,74 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="SLED device agent (draft model).")
     ap.add_argument("--server", type=parse_address, required=True, help="server HOST:PORT")
     ap.add_argument("--dev", required=True, help="this device's name")
-    ap.add_argument("--model", required=True, help="draft model: .gguf (or HF folder)")
+    ap.add_argument("--model", help="draft model: .gguf (or HF folder); or draft_model in --config")
+    ap.add_argument("--config", type=Path, help="device config file (JSON/YAML, the seed's shape)")
     ap.add_argument("--engine", default="auto", choices=["auto", "torch", "llama"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--problems", type=Path, required=True, help="JSON lines: id, prompt")
     ap.add_argument("--records", type=Path, required=True, help="folder for record files")
+    ap.add_argument("--key-file", type=Path, required=True, help="the lab secret (one line)")
     ap.add_argument("--draft-len", type=int, default=4)
     ap.add_argument("--timeout-ms", type=float, default=200.0)
     ap.add_argument("--retries", type=int, default=3)
+    ap.add_argument("--draft-policy", choices=["fixed", "adaptive"], default="fixed")
+    ap.add_argument("--draft-min", type=int, default=3)
+    ap.add_argument("--draft-max", type=int, default=8)
+    ap.add_argument("--target-acceptance", type=float, default=0.75)
+    ap.add_argument("--timeout-policy", choices=["fixed", "adaptive"], default="fixed")
+    ap.add_argument("--timeout-min-ms", type=float, default=20.0)
+    ap.add_argument("--timeout-max-ms", type=float, default=1000.0)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    ap.add_argument("--top-k", type=int, default=32, help="sampling: draft from the top k")
+    ap.add_argument("--seed", type=int, help="sampling: the drafter's random seed")
+    ap.add_argument(
+        "--lookahead",
+        type=int,
+        default=0,
+        help="greedy: draft up to this many tokens ahead while a verdict is in flight",
+    )
+    ap.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        choices=range(1, 5),
+        help="redundant sends of each VERIFY and its verdict (survives loss at p**copies)",
+    )
+    ap.add_argument(
+        "--min-confidence",
+        type=float,
+        default=0.0,
+        help="stop drafting after a draft token less probable than this",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=["sled", "centralized"],
+        default="sled",
+        help="centralized: send only the prompt; the server's target generates every token",
+    )
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--probe-ms", type=float, default=200.0)
     args = ap.parse_args(argv)
+    if args.config:  # the file's settings become defaults; flags given explicitly win
+        try:
+            ap.set_defaults(**load_device_config(args.config))
+        except DeviceConfigError as exc:
+            ap.error(str(exc))
+        args = ap.parse_args(argv)
+    if not args.model:
+        ap.error("a draft model is needed: --model, or draft_model in --config")
 
+    key = key_for_agent(args.key_file, f"device {args.dev}")
     problems = load_problems(args.problems)
     engine = load_engine(args.model, kind=args.engine, threads=args.threads)
     cfg = DeviceConfig(
-        args.dev, args.draft_len, args.timeout_ms, args.retries, args.max_new, args.probe_ms
-    )
-    link = ServerLink(args.server)
+        args.dev, args.draft_len, args.timeout_ms, args.retries, args.max_new, args.probe_ms,
+        args.draft_policy, args.draft_min, args.draft_max, args.target_acceptance,
+        args.timeout_policy, args.timeout_min_ms, args.timeout_max_ms, args.mode,
+        temperature=args.temperature, top_k=args.top_k, seed=args.seed,
+        min_confidence=args.min_confidence, copies=args.copies, lookahead=args.lookahead,
+    )  # fmt: skip
+    link = ServerLink(args.server, key)
     t0 = time.time()
     with RecordWriter(args.records) as records:
         agent = DeviceAgent(engine, link, records, cfg)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agents.protocol import wire
+from agents.protocol.auth import LabKey
+from agents.sled.retry import RetryPolicy
 
 
 @dataclass
@@ -23,18 +25,24 @@ class Exchange:
 
 
 class ServerLink:
-    """A connected UDP socket to the server with request/retry semantics."""
+    """A UDP socket to the server with request/retry semantics; replies must carry the key's tag."""
 
-    def __init__(self, server: tuple[str, int], bind: tuple[str, int] = ("0.0.0.0", 0)) -> None:
+    def __init__(
+        self, server: tuple[str, int], key: LabKey, bind: tuple[str, int] = ("0.0.0.0", 0)
+    ) -> None:
         self.server = server
+        self.key = key
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(bind)
         self.sock.setblocking(False)
 
-    def send(self, msg: wire.Message) -> None:
-        """Send without waiting; a send error (unreachable network) is like a lost datagram."""
-        with contextlib.suppress(OSError):
-            self.sock.sendto(msg.encode(), self.server)
+    def send(self, msg: wire.Message, copies: int = 1) -> None:
+        """Send (copies times) without waiting; a send error (unreachable network) is like a
+        lost datagram."""
+        data = msg.encode(self.key)
+        for _ in range(copies):
+            with contextlib.suppress(OSError):
+                self.sock.sendto(data, self.server)
 
     def poll(self, wanted: Callable[[wire.Message], bool], timeout_s: float = 0.0):
         """The first wanted message to arrive within timeout_s, or None; others are dropped."""
@@ -48,7 +56,7 @@ class ServerLink:
             except (BlockingIOError, ConnectionRefusedError):
                 continue
             try:
-                msg = wire.decode(data)
+                msg = wire.decode(data, self.key)
             except wire.ProtocolError:
                 continue
             if wanted(msg):
@@ -60,18 +68,33 @@ class ServerLink:
         self,
         msg: wire.Message,
         wanted: Callable[[wire.Message], bool],
-        timeout_s: float = 0.2,
+        policy: RetryPolicy,
         retries: int = 3,
+        idle: Callable[[], bool] | None = None,
     ) -> Exchange:
-        """Send msg and wait up to timeout_s for a wanted reply; resend up to `retries` times."""
+        """Send msg and wait up to the policy's timeout for a wanted reply; resend up to
+        `retries` times. A reply to the first attempt is an RTT sample for the policy.
+
+        While waiting, `idle` is called for one small unit of other work (look-ahead
+        drafting) as long as it returns True, with a non-blocking check for the reply after
+        each unit; once it returns False the wait blocks."""
         first = time.monotonic()
         for attempt in range(1, retries + 2):
             sent = time.monotonic()
-            self.send(msg)
-            reply = self.poll(wanted, timeout_s)
-            if reply is not None:
+            deadline = sent + policy.timeout_s()
+            self.send(msg, getattr(msg, "copies", 1))
+            while True:
+                busy = idle is not None and idle()
+                left = 0.0 if busy else max(0.0, deadline - time.monotonic())
+                reply = self.poll(wanted, left)
                 now = time.monotonic()
-                return Exchange(reply, attempt, (now - sent) * 1000, (now - first) * 1000)
+                if reply is not None:
+                    rtt_ms = (now - sent) * 1000
+                    if attempt == 1:  # Karn: a retried exchange's RTT is ambiguous
+                        policy.observe(rtt_ms)
+                    return Exchange(reply, attempt, rtt_ms, (now - first) * 1000)
+                if now >= deadline:
+                    break
         return Exchange(None, retries + 1, None, (time.monotonic() - first) * 1000)
 
     def close(self) -> None:

@@ -1,31 +1,59 @@
 """SLED verification server: verifies the drafts of many devices in batched target forwards.
 
 A single-threaded UDP loop. The first request to arrive opens a batch window of `window_ms`;
-requests arriving within it (up to `max_batch`) are verified together in one `score_batch`
-forward of the target. Each (device, session) keeps its committed tokens and a tracked KV
-session; a repeated request id is answered from the per-device reply cache without recomputing.
+requests arriving within it (up to `max_batch`) are grouped by the batch strategy
+(`batching`: arrival order, or best fit by length) and each group is verified in one
+`score_batch` forward of the target; centralized requests (GENERATE) advance between
+batches, one token per step (`centralized`). Sessions share one KV budget (`kv_pool`).
+Each (device, session) keeps its committed tokens and a tracked KV session; a repeated
+request id is answered from the per-device reply cache without recomputing.
+
+Hostile networks: every datagram must carry the lab key's tag; request ids must grow per
+device (an older one is a replay; only authenticated datagrams move the counter, so a forged
+id cannot silence a device); VERIFY and END must carry this process's epoch; requests are
+checked against `guard.Limits` before they reach the engine. Each refusal is counted by
+reason and answered with an Error only when the answer is no larger than the datagram (no
+amplification); the counts are written to `refusals.jsonl` when the server stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import secrets
 import select
 import signal
 import socket
 import sys
 import time
+import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from agents.engines.base import Engine
 from agents.engines.factory import load_engine
 from agents.protocol import wire
 from agents.protocol.address import parse_address
+from agents.protocol.auth import LabKey, key_for_agent
 from agents.records import RecordWriter
+from agents.sled.batching import Shape, Strategy, padding_share, plan_groups
+from agents.sled.centralized import ContinuousBatcher
+from agents.sled.guard import (
+    Limits,
+    Refusals,
+    check_generate,
+    check_names,
+    check_rid,
+    check_verify,
+)
+from agents.sled.kv_pool import KvPool, budget_tokens
 from agents.spec.acceptance import verify
+from agents.spec.confidence import ConfidenceBuckets
 from agents.spec.session import TrackedSession
+from agents.spec.sparse import dense_rows
 
 
 @dataclass
@@ -45,6 +73,20 @@ class Pending:
     arrived: float
 
 
+@dataclass
+class Planned:
+    """An admitted VERIFY: its session, the committed sequence it implies, what to feed."""
+
+    pending: Pending
+    session: ServerSession
+    committed: list[int]
+    feed: list[int]
+
+    @property
+    def msg(self) -> wire.Verify:
+        return self.pending.msg
+
+
 class VerificationServer:
     """Batches VERIFY requests from devices and answers with verdicts."""
 
@@ -52,81 +94,228 @@ class VerificationServer:
         self,
         engine: Engine,
         sock: socket.socket,
+        key: LabKey,
         records: RecordWriter | None = None,
         max_batch: int = 16,
         window_ms: float = 2.0,
         max_sessions: int = 256,
+        limits: Limits | None = None,
+        pool: KvPool | None = None,
+        strategy: Strategy = "arrival",
+        seed: int | None = None,
     ) -> None:
         self.engine = engine
         self.sock = sock
+        self.key = key
         self.records = records
         self.max_batch = max_batch
         self.window_s = window_ms / 1000
         self.max_sessions = max_sessions
+        self.limits = limits or Limits(vocab_size=engine.vocab_size)
+        self.strategy = strategy
+        self.rng = np.random.default_rng(seed)
+        self.confidence = ConfidenceBuckets()
+        self.batcher = ContinuousBatcher(engine, max_batch)
+        self.pool = pool or KvPool(budget=max_sessions * self.limits.max_seq_length)
+        self.epoch = secrets.token_hex(8)
         self.sessions: OrderedDict[tuple[str, str], ServerSession] = OrderedDict()
-        self.replies: dict[str, tuple[int, bytes]] = {}  # device -> (last rid, reply bytes)
+        self.last_rid: dict[str, int] = {}  # device -> highest authenticated request id
+        self.replies: dict[str, tuple[int, bytes]] = {}  # device -> (rid, reply bytes)
+        self.refusals = Refusals()
+        self.repeats = 0  # retries answered from the reply cache
+        self.datagrams = 0  # every datagram received
         self.stopping = False
         self.batches = 0
 
     # -- datagram handling ---------------------------------------------------------------
-    def _send(self, msg: wire.Message, addr: tuple[str, int], dev: str | None = None) -> None:
-        data = msg.encode()
+    def _send(
+        self, msg: wire.Message, addr: tuple[str, int], dev: str | None = None, copies: int = 1
+    ) -> None:
+        """Send msg (copies times: a lossy link loses all copies less often); remember the
+        reply to dev's request, so a retry is answered without recomputing."""
+        data = msg.encode(self.key)
         if dev is not None and hasattr(msg, "rid"):
             self.replies[dev] = (msg.rid, data)  # type: ignore[attr-defined]
-        self._sendto(data, addr)
+        for _ in range(copies):
+            self._sendto(data, addr)
 
     def _sendto(self, data: bytes, addr: tuple[str, int]) -> None:
         with contextlib.suppress(OSError):  # an unreachable device retries; nothing to do
             self.sock.sendto(data, addr)
 
-    def _cached(self, dev: str, rid: int, addr: tuple[str, int]) -> bool:
-        """Answer a repeated request from the cache; True if it was a repeat (or stale)."""
-        last = self.replies.get(dev)
-        if last is None or rid > last[0]:
+    def refuse(
+        self, code: str, reason: str, addr: tuple[str, int], rid: int = -1, unauth_len: int = 0
+    ) -> None:
+        """Count a refusal and answer with an Error.
+
+        An unauthenticated datagram (unauth_len > 0: its size) is answered only if the
+        answer is no larger, so the server never amplifies a spoofed sender's traffic.
+        """
+        self.refusals[code] += 1
+        reply = wire.Error(rid=rid, reason=reason[:160], code=code).encode(self.key)
+        if not unauth_len or len(reply) <= unauth_len:
+            self._sendto(reply, addr)
+
+    def _fresh(self, dev: str, rid: int, addr: tuple[str, int]) -> bool:
+        """Admit a request id that is newer than the device's last; answer a retry from cache.
+
+        Called only for authenticated datagrams, so only the device can move its counter.
+        """
+        last = self.last_rid.get(dev)
+        if last is not None and rid <= last:
+            cached = self.replies.get(dev)
+            if rid == last and cached is not None and cached[0] == rid:
+                self.repeats += 1
+                self._sendto(cached[1], addr)
+            elif rid < last:
+                self.refusals["replay"] += 1
             return False
-        if rid == last[0]:
-            self._sendto(last[1], addr)
+        self.last_rid[dev] = rid
         return True
 
     def handle(self, data: bytes, addr: tuple[str, int], batch: list[Pending]) -> None:
         """Dispatch one datagram; VERIFY requests are queued into batch."""
         try:
-            msg = wire.decode(data)
+            msg = wire.decode(data, self.key)
         except wire.ProtocolError as exc:
-            self._send(wire.Error(rid=-1, reason=str(exc)), addr)
+            self.refuse(exc.code, str(exc), addr, unauth_len=len(data))
             return
         if isinstance(msg, wire.Verify):
-            if self._cached(msg.dev, msg.rid, addr):
-                return
-            batch[:] = [p for p in batch if p.msg.dev != msg.dev]  # a newer rid supersedes
-            batch.append(Pending(msg, addr, time.monotonic()))
+            problem = check_verify(msg, self.limits)
+            if problem:
+                self.refuse(problem, f"VERIFY refused: {problem}", addr, msg.rid)
+            elif self._fresh(msg.dev, msg.rid, addr):
+                if msg.epoch != self.epoch:
+                    self._stale(msg.dev, msg.rid, addr)
+                    return
+                batch[:] = [p for p in batch if p.msg.dev != msg.dev]  # a newer rid supersedes
+                batch.append(Pending(msg, addr, time.monotonic()))
+        elif isinstance(msg, wire.Generate):
+            self._generate(msg, addr)
         elif isinstance(msg, wire.Hello):
-            self.replies.pop(msg.dev, None)  # a new incarnation of the device numbers afresh
-            ok = msg.tokenizer == self.engine.tokenizer_hash
-            reason = (
-                ""
-                if ok
-                else (
-                    f"tokenizer mismatch: device {msg.dev} drafts with tokenizer "
-                    f"{msg.tokenizer[:16]}, server target {self.engine.describe()} has "
-                    f"{self.engine.tokenizer_hash[:16]}"
-                )
-            )
-            self._send(wire.HelloAck(msg.rid, ok, self.engine.tokenizer_hash, reason), addr)
+            problem = check_names(msg.dev) or check_rid(msg.rid)
+            if problem:
+                self.refuse(problem, f"HELLO refused: {problem}", addr, msg.rid)
+            elif self._fresh(msg.dev, msg.rid, addr):
+                self._hello(msg, addr)
         elif isinstance(msg, wire.Ping):
-            self._send(wire.Pong(msg.rid), addr)
+            if not (check_names(msg.dev) or check_rid(msg.rid)):
+                self._sendto(wire.Pong(msg.rid).encode(self.key), addr)
+            else:
+                self.refusals["bad_name"] += 1
         elif isinstance(msg, wire.End):
-            session = self.sessions.pop((msg.dev, msg.sid), None)
-            if session is not None:
+            self._end(msg, addr)
+        else:
+            self.refusals["unexpected_kind"] += 1  # a reply kind sent to the server
+
+    def _generate(self, msg: wire.Generate, addr: tuple[str, int]) -> None:
+        """Centralized mode: queue the prompt for continuous-batched generation."""
+        problem = check_generate(msg, self.limits)
+        key = (msg.dev, msg.sid)
+        if problem:
+            self.refuse(problem, f"GENERATE refused: {problem}", addr, msg.rid)
+        elif not self._fresh(msg.dev, msg.rid, addr):
+            return
+        elif msg.epoch != self.epoch:
+            self._stale(msg.dev, msg.rid, addr)
+        elif self.batcher.has(key) or not self._admit(key, len(msg.prompt) + msg.max_new):
+            self.refusals["kv_pool_full"] += 1
+            error = wire.Error(msg.rid, "KV pool full: try again later", "kv_pool_full")
+            self._send(error, addr, msg.dev)
+        else:
+            self.batcher.join(key, msg.rid, addr, msg.prompt, msg.max_new)
+
+    def generate_step(self) -> None:
+        """One continuous-batching step of the centralized generations; answer finished ones."""
+        t0 = time.monotonic()
+        try:
+            finished, size = self.batcher.step()
+        except Exception as exc:  # noqa: BLE001 - one bad step must not stop the server
+            print(f"generation failed: {exc!r}", file=sys.stderr)
+            for gen in [*self.batcher.running.values(), *self.batcher.waiting]:
+                self.refusals["engine_error"] += 1
+                error = wire.Error(gen.rid, f"generation failed: {exc}"[:160], "engine_error")
+                self._send(error, gen.addr, gen.key[0])
+                self.batcher.remove(gen.key)
+                self.pool.release(gen.key)
+            return
+        t1 = time.monotonic()
+        for gen in finished:
+            self.pool.release(gen.key)
+            dev, sid = gen.key
+            reply = wire.Result(gen.rid, sid, gen.out, gen.steps,
+                                round(((gen.started or t0) - gen.arrived) * 1000, 3),
+                                round((t1 - (gen.started or t0)) * 1000, 3))  # fmt: skip
+            self._send(reply, gen.addr, dev)
+            if self.records:
+                row = {"t": time.time(), "dev": dev, "sid": sid, "tokens": len(gen.out),
+                       "steps": gen.steps, "queue_ms": reply.queue_ms,
+                       "gen_ms": reply.gen_ms}  # fmt: skip
+                self.records.write("generations", row)
+        if self.records:
+            row = {"t": time.time(), "batch": size, "finished": len(finished),
+                   "compute_ms": (t1 - t0) * 1000}  # fmt: skip
+            self.records.write("ar_steps", row)
+
+    def _stale(self, dev: str, rid: int, addr: tuple[str, int]) -> None:
+        reply = wire.Error(rid, "stale epoch: say HELLO again", code="stale_epoch")
+        self.refusals["stale_epoch"] += 1
+        self._send(reply, addr, dev)
+
+    def _hello(self, msg: wire.Hello, addr: tuple[str, int]) -> None:
+        ok = msg.tokenizer == self.engine.tokenizer_hash
+        reason = ""
+        if not ok:
+            self.refusals["tokenizer_mismatch"] += 1
+            reason = (
+                f"tokenizer mismatch: device {msg.dev} drafts with tokenizer "
+                f"{msg.tokenizer[:16]}, server target {self.engine.describe()} has "
+                f"{self.engine.tokenizer_hash[:16]}"
+            )
+        ack = wire.HelloAck(msg.rid, ok, self.engine.tokenizer_hash, reason, self.epoch)
+        self._send(ack, addr, msg.dev)
+
+    def _end(self, msg: wire.End, addr: tuple[str, int]) -> None:
+        if check_names(msg.dev, msg.sid) or check_rid(msg.rid):
+            self.refusals["bad_name"] += 1
+        elif not self._fresh(msg.dev, msg.rid, addr):
+            return
+        elif msg.epoch != self.epoch:
+            self.refusals["stale_epoch"] += 1
+        else:
+            if (msg.dev, msg.sid) in self.sessions:
+                self.drop((msg.dev, msg.sid))
+            else:
+                self.refusals["unknown_session"] += 1
+
+    def drop(self, key: tuple[str, str]) -> None:
+        """Forget a session and free its cache and its share of the KV pool."""
+        session = self.sessions.pop(key, None)
+        self.pool.release(key)
+        if session is not None:
+            with contextlib.suppress(Exception):
                 session.tracked.close()
+
+    def expire_idle(self) -> None:
+        for key in self.pool.idle(time.monotonic()):
+            self.refusals["expired_idle"] += 1
+            self.drop(key)  # type: ignore[arg-type]
+
+    def _admit(self, key: tuple[str, str], tokens: int) -> bool:
+        """Reserve `tokens` of the KV pool for key, expiring idle sessions if it must."""
+        if not self.pool.fits(key, tokens):
+            self.expire_idle()
+        if not self.pool.fits(key, tokens):
+            return False
+        self.pool.hold(key, tokens, time.monotonic())
+        return True
 
     def _session(self, dev: str, sid: str) -> ServerSession:
         key = (dev, sid)
         session = self.sessions.get(key)
         if session is None:
             while len(self.sessions) >= self.max_sessions:
-                _, old = self.sessions.popitem(last=False)
-                old.tracked.close()
+                self.drop(next(iter(self.sessions)))
             session = ServerSession(TrackedSession(self.engine))
             self.sessions[key] = session
         self.sessions.move_to_end(key)
@@ -134,47 +323,74 @@ class VerificationServer:
 
     # -- batched verification ------------------------------------------------------------
     def verify_batch(self, batch: list[Pending]) -> None:
-        """One target forward for every request in batch, then a verdict to each device."""
+        """Admit the waiting requests, group them by the batch strategy, one forward per group."""
         t_start = time.monotonic()
-        plan = []
-        inputs: dict[int, list[int]] = {}
+        plan: list[Planned] = []
         for p in batch:
             m = p.msg
-            session = self._session(m.dev, m.sid)
-            if m.pos > len(session.committed):
-                self._send(wire.Resync(m.rid, m.sid, len(session.committed)), p.addr, m.dev)
+            known = self.sessions.get((m.dev, m.sid))
+            have = len(known.committed) if known else 0
+            if m.pos > have:  # a session opens only with its full context
+                self._send(wire.Resync(m.rid, m.sid, have), p.addr, m.dev)
                 continue
+            if not self._admit((m.dev, m.sid), m.pos + len(m.ctx) + len(m.draft)):
+                self.refusals["kv_pool_full"] += 1
+                error = wire.Error(m.rid, "KV pool full: try again later", "kv_pool_full")
+                self._send(error, p.addr, m.dev)
+                continue
+            session = self._session(m.dev, m.sid)
             committed = session.committed[: m.pos] + m.ctx
             if not committed:
-                self._send(wire.Error(m.rid, "empty context: send the prompt first"), p.addr)
+                self.refusals["empty_context"] += 1
+                error = wire.Error(m.rid, "empty context: send the prompt first", "empty_context")
+                self._send(error, p.addr, m.dev)
                 continue
             feed = session.tracked.prepare(committed)
-            inputs[session.tracked.sid] = feed + m.draft
-            plan.append((p, session, committed, feed))
-        if not plan:
+            plan.append(Planned(p, session, committed, feed))
+        shapes = [
+            Shape(len(x.session.tracked.tokens), len(x.feed) + len(x.msg.draft)) for x in plan
+        ]
+        for group in plan_groups(shapes, self.strategy, self.max_batch):
+            self._forward([plan[i] for i in group], padding_share([shapes[i] for i in group]),
+                          t_start)  # fmt: skip
+
+    def _forward(self, group: list[Planned], padding: float, t_start: float) -> None:
+        """One target forward for the group's requests, then a verdict to each device."""
+        t_forward = time.monotonic()
+        inputs = {x.session.tracked.sid: x.feed + x.msg.draft for x in group}
+        try:
+            logits = self.engine.score_batch(inputs)
+        except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the server
+            self._engine_failed(group, exc)
             return
-        logits = self.engine.score_batch(inputs)
-        compute_ms = (time.monotonic() - t_start) * 1000
+        compute_ms = (time.monotonic() - t_forward) * 1000
         self.batches += 1
-        for p, session, committed, feed in plan:
-            m = p.msg
-            rows = logits[session.tracked.sid][len(feed) - 1 :]
-            verdict = verify(rows, m.draft)
-            session.tracked.record_scored(feed + m.draft)
-            session.tracked.truncate(len(committed) + verdict.accepted)
-            session.committed = committed + verdict.emitted(m.draft)
-            queue_ms = (t_start - p.arrived) * 1000
+        for x in group:
+            m, session = x.msg, x.session
+            rows = logits[session.tracked.sid][len(x.feed) - 1 :]
+            if m.temp > 0:  # speculative sampling with the device's own q
+                q = dense_rows(m.q_ids, m.q_probs, rows.shape[-1])
+                verdict = verify(rows, m.draft, m.temp, q, self.rng)
+            else:
+                verdict = verify(rows, m.draft)
+            session.tracked.record_scored(x.feed + m.draft)
+            session.tracked.truncate(len(x.committed) + verdict.accepted)
+            session.committed = x.committed + verdict.emitted(m.draft)
+            if m.conf:
+                self.confidence.add(m.conf, verdict.accepted)
+            self.pool.hold((m.dev, m.sid), len(session.tracked.tokens), time.monotonic())
+            queue_ms = (t_forward - x.pending.arrived) * 1000
             reply = wire.Verdict(
                 m.rid,
                 m.sid,
                 verdict.accepted,
                 verdict.token,
                 len(session.committed),
-                batch=len(plan),
+                batch=len(group),
                 queue_ms=round(queue_ms, 3),
                 compute_ms=round(compute_ms, 3),
             )
-            self._send(reply, p.addr, m.dev)
+            self._send(reply, x.pending.addr, m.dev, copies=m.copies)
             if self.records:
                 self.records.write(
                     "verifications",
@@ -185,8 +401,9 @@ class VerificationServer:
                         "sid": m.sid,
                         "drafted": len(m.draft),
                         "accepted": verdict.accepted,
-                        "fed": len(feed) + len(m.draft),
-                        "batch": len(plan),
+                        "conf": m.conf,
+                        "fed": len(x.feed) + len(m.draft),
+                        "batch": len(group),
                         "queue_ms": queue_ms,
                         "compute_ms": compute_ms,
                     },
@@ -196,25 +413,64 @@ class VerificationServer:
                 "batches",
                 {
                     "t": time.time(),
-                    "batch": len(plan),
+                    "batch": len(group),
+                    "strategy": self.strategy,
                     "tokens": sum(len(v) for v in inputs.values()),
+                    "padding_share": padding,
+                    "wait_ms": (t_forward - t_start) * 1000,
+                    "kv_used": self.pool.used,
+                    "kv_budget": self.pool.budget,
+                    "sessions": len(self.sessions),
                     "compute_ms": compute_ms,
                 },
             )
+
+    def _engine_failed(self, group: list[Planned], exc: Exception) -> None:
+        """Drop the group's sessions (their caches may be half-fed) and tell each device."""
+        print(f"verification failed: {exc!r}", file=sys.stderr)
+        for x in group:
+            self.drop((x.msg.dev, x.msg.sid))
+            self.refusals["engine_error"] += 1
+            error = wire.Error(x.msg.rid, f"verification failed: {exc}"[:160], "engine_error")
+            self._send(error, x.pending.addr, x.msg.dev)
+
+    def _safe_handle(self, data: bytes, addr: tuple[str, int], batch: list[Pending]) -> None:
+        """`handle`, counting (and logging) an unexpected error instead of dying of it."""
+        try:
+            self.handle(data, addr, batch)
+        except Exception:  # noqa: BLE001 - no single datagram may stop the server
+            self.refusals["internal_error"] += 1
+            traceback.print_exc(file=sys.stderr)
+
+    def write_refusals(self) -> None:
+        """Append the refusal counts (cumulative, one record per reason) to the records."""
+        if self.records:
+            t = time.time()
+            for reason, count in self.refusals.snapshot().items():
+                self.records.write("refusals", {"t": t, "reason": reason, "count": count})
+            self.records.write("refusals", {"t": t, "reason": "repeat", "count": self.repeats})
+            for row in self.confidence.rows():
+                self.records.write("confidence", {"t": t, **row})
 
     def serve(self, until: float | None = None) -> None:
         """Serve until `stopping` is set (by a signal) or the monotonic deadline `until`."""
         self.sock.setblocking(False)
         while not self.stopping and (until is None or time.monotonic() < until):
-            ready, _, _ = select.select([self.sock], [], [], 0.1)
+            wait = 0.0 if self.batcher.busy else 0.1
+            ready, _, _ = select.select([self.sock], [], [], wait)
             if not ready:
+                if self.batcher.busy:
+                    self.generate_step()
+                else:
+                    self.expire_idle()
                 continue
             batch: list[Pending] = []
             deadline = None
             while True:
                 try:
                     data, addr = self.sock.recvfrom(wire.MAX_DATAGRAM)
-                    self.handle(data, addr, batch)
+                    self.datagrams += 1
+                    self._safe_handle(data, addr, batch)
                     if batch and deadline is None:
                         deadline = time.monotonic() + self.window_s
                     if len(batch) >= self.max_batch:
@@ -227,6 +483,9 @@ class VerificationServer:
                         break
             if batch:
                 self.verify_batch(batch)
+            if self.batcher.busy:
+                self.generate_step()
+        self.write_refusals()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,18 +495,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="auto", choices=["auto", "torch", "llama"])
     ap.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--max-batch", "--max_batch_size", type=int, default=16)
+    ap.add_argument(
+        "--batch-strategy", "--batch_strategy", choices=["arrival", "best_fit"], default="arrival"
+    )
     ap.add_argument("--window-ms", type=float, default=2.0)
+    ap.add_argument("--key-file", type=Path, required=True, help="the lab secret (one line)")
+    ap.add_argument("--max-draft", type=int, default=64, help="longest draft accepted")
+    ap.add_argument(
+        "--max-seq-length",
+        "--max_seq_length",
+        type=int,
+        help="longest session (prompt + output; default: the target's context, else 4096); "
+        "longer requests are refused",
+    )
+    budget = ap.add_mutually_exclusive_group()
+    budget.add_argument("--kv-cache-tokens", type=int, help="KV pool budget in cached tokens")
+    budget.add_argument(
+        "--kv-cache-mem",
+        "--kv_cache_mem",
+        type=float,
+        help="KV pool budget as a fraction of the target device's memory",
+    )
+    ap.add_argument("--seed", type=int, help="sampling: the verifier's random seed")
+    ap.add_argument("--idle-s", type=float, default=120.0, help="expire sessions idle this long")
     ap.add_argument("--records", type=Path, required=True, help="folder for record files")
     ap.add_argument("--ready-file", type=Path, help="touched once the server listens")
     args = ap.parse_args(argv)
 
+    key = key_for_agent(args.key_file, "verification server")
     engine = load_engine(args.model, kind=args.engine, device=args.device, threads=args.threads)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.bind(args.bind)
     with RecordWriter(args.records) as records:
-        server = VerificationServer(engine, sock, records, args.max_batch, args.window_ms)
+        max_seq = args.max_seq_length or getattr(engine, "max_positions", None) or 4096
+        limits = Limits(engine.vocab_size, args.max_draft, max_seq)
+        tokens = args.kv_cache_tokens or 256 * max_seq
+        if args.kv_cache_mem:
+            per_token = getattr(engine, "kv_bytes_per_token", 0)
+            tokens = budget_tokens(args.kv_cache_mem, args.device, per_token)
+        pool = KvPool(budget=tokens, idle_s=args.idle_s)
+        server = VerificationServer(
+            engine, sock, key, records, args.max_batch, args.window_ms, limits=limits, pool=pool,
+            strategy=args.batch_strategy, seed=args.seed,
+        )  # fmt: skip
 
         def stop(*_: object) -> None:
             server.stopping = True

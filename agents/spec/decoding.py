@@ -15,7 +15,9 @@ import numpy as np
 
 from agents.engines.base import Engine
 from agents.spec.acceptance import pick, probabilities, sample, verify
+from agents.spec.rates import acceptance_rate
 from agents.spec.session import TrackedSession
+from agents.spec.sparse import dense_rows, top_k_distribution
 
 
 @dataclass
@@ -34,7 +36,8 @@ class Generation:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+        """accepted / drafted (agents.spec.rates)."""
+        return acceptance_rate(self.accepted, self.drafted) or 0.0
 
 
 def finish(tokens: list[int], eos_id: int, max_new: int) -> tuple[list[int], bool]:
@@ -80,16 +83,22 @@ def draft_tokens(
     k: int,
     temperature: float = 0.0,
     rng: np.random.Generator | None = None,
+    top_k: int | None = None,
+    confidences: list[float] | None = None,
+    min_confidence: float = 0.0,
 ) -> tuple[list[int], np.ndarray | None]:
     """Draft k tokens after committed; return them and their draft distributions (sampling).
 
     Greedy drafting uses the engine's `draft_greedy` fast path where it has one (llama.cpp),
-    which may stop early after EOS.
+    which may stop early after EOS. With top_k, each token is sampled from the top_k most
+    likely tokens, renormalised (`agents.spec.sparse`), and that truncated row is returned.
+    Given a `confidences` list, each draft's probability under the draft is appended to it
+    and drafting stops after the first draft below min_confidence.
     """
     feed = session.prepare(committed)
     fast = getattr(session.engine, "draft_greedy", None)
     if temperature <= 0 and fast is not None:
-        drafts = fast(session.sid, feed, k)
+        drafts = fast(session.sid, feed, k, confidences=confidences, min_confidence=min_confidence)
         session.record_scored(feed + drafts[:-1])
         return drafts, None
     drafts: list[int] = []
@@ -97,7 +106,11 @@ def draft_tokens(
     for _ in range(k):
         logits = session.score(feed)[-1]
         if temperature > 0:
-            q = probabilities(logits, temperature)
+            if top_k:
+                ids, probs = top_k_distribution(logits, temperature, top_k)
+                q = dense_rows([ids], [probs], logits.shape[-1])[0]
+            else:
+                q = probabilities(logits, temperature)
             rows.append(q)
             if rng is None:
                 raise ValueError("sampling (temperature > 0) needs a random generator")
@@ -105,6 +118,11 @@ def draft_tokens(
         else:
             token = int(np.argmax(logits))
         drafts.append(token)
+        if confidences is not None:
+            conf = rows[-1][token] if rows else probabilities(logits, 1.0)[token]
+            confidences.append(float(conf))
+            if confidences[-1] < min_confidence:
+                break
         feed = [token]
     return drafts, (np.stack(rows) if rows else None)
 

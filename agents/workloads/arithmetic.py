@@ -38,10 +38,13 @@ class Problem:
     answer: str
     result: int
     kind: str = ""
+    prompt_text: str | None = None  # the whole prompt, when not the plain one (few-shot etc.)
 
 
 def prompt(problem: Problem) -> str:
-    """The prompt every model sees: `Q: <question>\\nA: `."""
+    """The prompt every model sees: `prompt_text` when set, else `Q: <question>\\nA: `."""
+    if problem.prompt_text is not None:
+        return problem.prompt_text
     return f"Q: {problem.question}\nA: "
 
 

@@ -4,6 +4,12 @@ The data set is read in place from a path the caller gives; it is never copied i
 repository. The reference answer is the number after the last `#### ` of the answer text.
 Problems come back as `arithmetic.Problem`, so one prompt format and one scorer serve both
 workloads.
+
+Prompt formats: `plain` is the tiny models' own `Q: ...\nA: ` (what they were trained on);
+`lm-eval` follows lm-evaluation-harness's `gsm8k` task: each solved example as
+`Question: <q>\nAnswer: <worked answer>`, examples joined by a blank line, then
+`Question: <q>\nAnswer:`. The examples are the first `fewshot` problems of the train split
+(lm-eval's `first_n` sampler; the task's default is 5).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from agents.workloads.arithmetic import Problem
+from agents.workloads.arithmetic import Problem, prompt
 
 DEFAULT_PATH = Path("/work/shared/datasets/gsm8k/test.jsonl")
 ENV_PATH = "TESTBED_GSM8K"  # overrides DEFAULT_PATH when no path is given
@@ -65,3 +71,31 @@ def load_gsm8k(path: str | Path | None = None, limit: int | None = None) -> list
             pid = f"gsm8k-{path.stem}-{len(problems)}"
             problems.append(Problem(pid, obj["question"], obj["answer"], result))
     return problems
+
+
+FEWSHOT_DELIMITER = "\n\n"
+PROMPT_FORMATS = ("plain", "lm-eval")
+
+
+def lm_eval_question(question: str) -> str:
+    """lm-eval's gsm8k `doc_to_text`."""
+    return f"Question: {question}\nAnswer:"
+
+
+def format_prompt(
+    problem: Problem, fmt: str = "plain", examples: list[Problem] | None = None
+) -> str:
+    """The prompt of `problem` in format `fmt`, after the solved `examples` (lm-eval only)."""
+    if fmt == "plain":
+        if examples:
+            raise ValueError("the plain prompt format takes no few-shot examples")
+        return prompt(problem)
+    if fmt != "lm-eval":
+        raise ValueError(f"prompt format: expected one of {PROMPT_FORMATS}, got {fmt!r}")
+    shots = [f"{lm_eval_question(e.question)} {e.answer}" for e in examples or []]
+    return FEWSHOT_DELIMITER.join([*shots, lm_eval_question(problem.question)])
+
+
+def train_path(test_path: Path) -> Path:
+    """The train split beside a test split (`test.jsonl` -> `train.jsonl`)."""
+    return test_path.with_name("train.jsonl")

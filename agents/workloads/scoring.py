@@ -5,7 +5,9 @@ Two filters pick an answer out of a generation:
 - flexible-extract: the last number-like run (regex `(-?[$0-9.,]{2,})|(-?[0-9]+)`).
 Both the extracted answer and the reference then go through the exact-match normalisation of
 the task (case folded; `,`, `$`, everything up to `#### ` and a final `.` removed) and are
-compared as strings, so "1,000" matches "1000" and "18." matches "18".
+compared as strings, so "1,000" matches "1000" and "18." matches "18". As in the task's
+`generate_until`, a generation is first cut at the first stop sequence (`UNTIL`), so a model
+that goes on to invent the next "Question:" is scored on its own answer only.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 
 STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
 FLEXIBLE_RE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+UNTIL = ("Question:", "</s>", "<|im_end|>")
 _IGNORE = [re.compile(p) for p in (r",", r"\$", r"(?s).*#### ", r"\.$")]
 
 
@@ -59,8 +62,15 @@ def as_number(answer: str | None) -> int | float | None:
         return None
 
 
+def cut_at_stop(text: str) -> str:
+    """text up to the first stop sequence of `UNTIL` (all of it when none occurs)."""
+    cut = min((i for i in (text.find(u) for u in UNTIL) if i >= 0), default=len(text))
+    return text[:cut]
+
+
 def score(text: str, reference: str | int) -> tuple[bool, bool]:
     """(strict_ok, flexible_ok) for a generation against a reference answer."""
+    text = cut_at_stop(text)
     ref = reference_answer(reference)
     strict = extract_strict(text)
     flexible = extract_flexible(text)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 from agents.engines.base import Engine
 from agents.spec.decoding import generate_ad, generate_sd
+from agents.spec.rates import acceptance_rate, mean_accepted_length
 
 
 @dataclass
@@ -41,8 +42,8 @@ class SdBenchResult:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted over drafted."""
-        return self.accepted / self.drafted if self.drafted else 0.0
+        """accepted / drafted (agents.spec.rates)."""
+        return acceptance_rate(self.accepted, self.drafted) or 0.0
 
     @property
     def alpha(self) -> float:
@@ -51,9 +52,9 @@ class SdBenchResult:
         return self.accepted / seen if seen else 0.0
 
     @property
-    def mean_accepted_len(self) -> float:
-        """Tokens per round, the correction/bonus token included."""
-        return self.sd_tokens / self.rounds if self.rounds else 0.0
+    def mean_accepted_length(self) -> float:
+        """(accepted + rounds) / rounds, the bonus/correction token included (agents.spec.rates)."""
+        return mean_accepted_length(self.accepted, self.rounds) or 0.0
 
     @property
     def ad_step_s(self) -> float:
@@ -85,7 +86,7 @@ class SdBenchResult:
         derived = [
             "acceptance_rate",
             "alpha",
-            "mean_accepted_len",
+            "mean_accepted_length",
             "cost_ratio",
             "verify_ratio",
             "speedup",

@@ -45,7 +45,7 @@ def sd(
         f"({res.sd_tokens / res.sd_seconds:.1f} tok/s), {res.rounds} rounds\n"
         f"  acceptance rate (accepted/drafted)        {res.acceptance_rate:.3f}\n"
         f"  per-position acceptance a (MLE)           {res.alpha:.3f}\n"
-        f"  mean accepted length (with bonus)         {res.mean_accepted_len:.2f}\n"
+        f"  mean accepted length (with bonus)         {res.mean_accepted_length:.2f}\n"
         f"  cost ratio c (draft step / AD step)       {res.cost_ratio:.3f}\n"
         f"  verify ratio v (verify g+1 / AD step)     {res.verify_ratio:.2f}\n"
         f"  measured speedup                          {res.speedup:.2f}x\n"
@@ -86,3 +86,28 @@ def verify(
             f"{pt.batch:>6} {pt.batch_ms:>9.3f} {pt.single_ms:>10.3f} {tok_s:>15.0f} "
             f"{pt.batching_gain:>5.2f}x"
         )
+
+
+@app.command("gpu")
+def gpu(
+    pair: Path | None = typer.Argument(None, help="tiny pair folder (default: the cached one)"),
+    json_out: Path | None = typer.Option(None, "--json", help="also write the figures here"),
+) -> None:
+    """The server side on a CUDA machine (GPU_CHECK_DEVICE=cpu to try it here): batched
+    verification, SD vs AD, the SLED server over loopback."""
+    from testbed.bench.gpu import main
+    from testbed.models.tiny import ensure_tiny_pair
+
+    main(pair or ensure_tiny_pair().root, json_out)
+
+
+from testbed.commands.calibrate import link as _link  # noqa: E402
+
+app.command("link")(_link)
+from testbed.bench.drafting import cli as _drafting  # noqa: E402
+from testbed.bench.lab_paths import cli as _lab_paths  # noqa: E402
+from testbed.bench.sled_loss import cli as _sled_loss  # noqa: E402
+
+app.command("sled-loss")(_sled_loss)
+app.command("drafting")(_drafting)
+app.command("lab-paths")(_lab_paths)

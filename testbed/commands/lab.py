@@ -18,7 +18,7 @@ from testbed.errors import ExitCode, TestbedError
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from testbed.lab import EmulatedLab
+    from testbed.lab import EmulatedLab, LinkSite
 
 app = typer.Typer(
     help="The emulated lab: network namespaces on a bridge, an sshd per host.",
@@ -31,6 +31,12 @@ StateOpt = Annotated[
     typer.Option("--state-dir", help="Lab state folder [default: <cache>/labs/<name>]."),
 ]
 DryOpt = Annotated[bool, typer.Option("--dry-run", help="Print the actions, do nothing.")]
+InventoryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--inventory", help="A physical lab's Ansible inventory (links impaired on its middlebox)."
+    ),
+]
 DevicesOpt = Annotated[
     list[str] | None,
     typer.Option("--device", "-d", help="Device name (repeat); default: every device."),
@@ -66,6 +72,21 @@ def _load(name: str, state_dir: Path | None, dry_run: bool = False) -> EmulatedL
     return EmulatedLab.find(name, state_dir, runner=_runner(dry_run))
 
 
+def _site(name: str, state_dir: Path | None, inventory: Path | None, dry_run: bool) -> LinkSite:
+    """The links to impair: a namespace lab's, or (with --inventory) a physical lab's."""
+    if inventory is None:
+        return _load(name, state_dir, dry_run)
+    from testbed.hosts.inventory import load_inventory
+    from testbed.lab import LabSpec
+    from testbed.lab.physical import InventoryLab, inventory_topology
+    from testbed.netem import LinkProfile
+
+    topo = inventory_topology(load_inventory(inventory), LinkProfile())
+    spec = LabSpec.build("--inventory", name=name, topology=topo, inventory=inventory,
+                         state_dir=state_dir)  # fmt: skip
+    return InventoryLab.up(spec, runner=_runner(dry_run))
+
+
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -81,14 +102,20 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
 def _hosts_table(lab: EmulatedLab) -> None:
     _table(
         f"lab {lab.name}",
-        ["host", "role", "address", "netns", "bridge port", "workdir"],
-        [[h.name, h.role, h.ip, h.netns, h.port, str(h.workdir)] for h in lab.hosts],
+        ["host", "role", "class", "address", "netns", "bridge port", "workdir"],
+        [[h.name, h.role, h.host_class, h.ip, h.netns, h.port, str(h.workdir)] for h in lab.hosts],
     )
 
 
 @app.command()
 def up(
-    devices: Annotated[int, typer.Option("--devices", "-n", help="Number of devices.")] = 2,
+    devices: Annotated[
+        int | None,
+        typer.Option("--devices", "-n", help="Number of devices [default: the topology's; 2]."),
+    ] = None,
+    topology: Annotated[
+        Path | None, typer.Option(help="Topology file (topologies/*.yaml) [default: a star].")
+    ] = None,
     name: NameOpt = "lab",
     subnet: Annotated[str, typer.Option(help="IPv4 subnet of the lab.")] = "10.77.0.0/24",
     state_dir: StateOpt = None,
@@ -97,10 +124,14 @@ def up(
     """Create the lab: one namespace and sshd per host, a bridge, the controller attached."""
     with _guard():
         from testbed.lab import EmulatedLab, LabSpec
+        from testbed.topo.files import load_topology
 
-        spec = LabSpec.build(
-            "testbed lab up", name=name, devices=devices, subnet=subnet, state_dir=state_dir
-        )
+        fields: dict[str, Any] = {"name": name, "subnet": subnet, "state_dir": state_dir}
+        if topology is not None:
+            fields["topology"] = load_topology(topology)
+        if devices is not None:
+            fields["devices"] = devices  # rescales the topology (a star by default)
+        spec = LabSpec.build("testbed lab up", **fields)
         say: Callable[[str], None] = lambda m: typer.echo(f"  {m}", err=True)  # noqa: E731
         lab = EmulatedLab.up(spec, runner=_runner(dry_run), progress=None if dry_run else say)
         if dry_run:
@@ -184,10 +215,18 @@ def impair(
     loss_down: Annotated[float | None, typer.Option(help="Server->device loss, 0..1.")] = None,
     rate: Annotated[float | None, typer.Option("--rate", help="Rate limit, Mbit/s.")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of the jitter.")] = None,
+    profile_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--profile",
+            help="A link profile file (YAML, the topology profiles' schema: Gilbert-Elliott "
+            "loss, jitter distribution, schedule, trace...) instead of the options above.",
+        ),
+    ] = None,
     device: DevicesOpt = None,
     backend: Annotated[str, typer.Option(help="auto | netem | nfqueue.")] = "auto",
-    holder: Annotated[str, typer.Option(help="nfqueue holder: auto | c | python.")] = "auto",
     probe: Annotated[bool, typer.Option(help="Probe the links afterwards.")] = True,
+    inventory: InventoryOpt = None,
     name: NameOpt = "lab",
     state_dir: StateOpt = None,
     dry_run: DryOpt = False,
@@ -196,18 +235,14 @@ def impair(
     with _guard():
         from testbed.netem import LinkProfile, apply, format_result, probe_links
 
-        profile = LinkProfile.build(
-            "testbed lab impair",
-            rtt_ms=rtt,
-            jitter_ms=jitter,
-            loss=loss,
-            loss_up=loss_up,
-            loss_down=loss_down,
-            rate_mbit=rate,
-            seed=seed,
-        )
-        lab = _load(name, state_dir, dry_run)
-        imp = apply(lab, profile, device, backend=backend, holder=holder)
+        options = dict(rtt_ms=rtt, jitter_ms=jitter, loss=loss, loss_up=loss_up,
+                       loss_down=loss_down, rate_mbit=rate, seed=seed)  # fmt: skip
+        if profile_file is None:
+            profile = LinkProfile.build("testbed lab impair", **options)
+        else:
+            profile = _profile_from_file(profile_file, options)
+        lab = _site(name, state_dir, inventory, dry_run)
+        imp = apply(lab, profile, device, backend=backend)
         if dry_run:
             return
         how = f"{imp.backend} ({imp.reason}" + (f", {imp.holder} holder)" if imp.holder else ")")
@@ -217,9 +252,28 @@ def impair(
                 typer.echo(format_result(res))
 
 
+def _profile_from_file(path: Path, options: dict[str, Any]) -> Any:
+    """The LinkProfile in a YAML file; the link options must then be left at their defaults."""
+    from testbed.config.loading import read_yaml
+    from testbed.errors import BadInputError
+    from testbed.netem import LinkProfile
+
+    defaults = {"rtt_ms": 85.0, "jitter_ms": 0.0, "loss": 0.0}
+    given = [k for k, v in options.items() if v != defaults.get(k)]
+    if given:
+        raise BadInputError(
+            f"--profile {path}: the file is the whole profile; drop the options {given}"
+        )
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise BadInputError(f"{path}: expected a mapping of link profile fields")
+    return LinkProfile.build(str(path), **data)
+
+
 @app.command("clear")
 def clear_cmd(
     device: DevicesOpt = None,
+    inventory: InventoryOpt = None,
     name: NameOpt = "lab",
     state_dir: StateOpt = None,
     dry_run: DryOpt = False,
@@ -228,7 +282,7 @@ def clear_cmd(
     with _guard():
         from testbed.netem import clear
 
-        left = clear(_load(name, state_dir, dry_run), device)
+        left = clear(_site(name, state_dir, inventory, dry_run), device)
         if not dry_run:
             typer.echo("cleared" + (f"; still impaired: {sorted(left.profiles)}" if left else ""))
 
@@ -239,6 +293,7 @@ def probe_cmd(
     count: Annotated[int, typer.Option(help="Probe packets per link.")] = 200,
     interval: Annotated[float, typer.Option(help="Interval between packets, ms.")] = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    inventory: InventoryOpt = None,
     name: NameOpt = "lab",
     state_dir: StateOpt = None,
 ) -> None:
@@ -246,9 +301,15 @@ def probe_cmd(
     with _guard():
         from testbed.netem import format_result, probe_links
 
-        results = probe_links(_load(name, state_dir), device, count=count, interval_ms=interval)
+        site = _site(name, state_dir, inventory, False)
+        results = probe_links(site, device, count=count, interval_ms=interval)
         for res in results.values():
             if as_json:
                 sys.stdout.write(res.model_dump_json() + "\n")
             else:
                 typer.echo(format_result(res))
+
+
+from testbed.commands.calibrate import calibrate as _calibrate  # noqa: E402
+
+app.command("calibrate")(_calibrate)

@@ -1,4 +1,4 @@
-"""`testbed report RUN`: the per-condition summary of a run folder."""
+"""`testbed report RUN`: the per-condition table, figures (PNG, SVG) and a Markdown summary."""
 
 from __future__ import annotations
 
@@ -25,8 +25,13 @@ def resolve_run(run: str) -> Path:
 def report(
     run: str = typer.Argument(..., help="run folder, or a run id under results/"),
     csv: Path | None = typer.Option(None, help="also write the condition table as CSV here"),
+    figures: bool = typer.Option(
+        True, "--figures/--no-figures", help="write figures and report.md into RUN/report/"
+    ),
 ) -> None:
-    """Print one row per condition: link measured, throughput, acceptance, fallback, accuracy."""
+    """Print one row per condition; write the figures (PNG, SVG) and report.md into RUN/report/."""
+    from testbed.report.data import RunData
+    from testbed.report.write import write_report
     from testbed.results.report import condition_frame, print_summary, write_condition_table
     from testbed.results.store import RunStore
 
@@ -40,3 +45,9 @@ def report(
     if csv:
         df.to_csv(csv, index=False)
         typer.echo(f"wrote {csv}")
+    if figures:
+        files = write_report(RunData(store.root))
+        typer.echo(f"figures: {len(files.figures) // 2} (PNG and SVG) in {files.summary.parent}")
+        for skipped in files.skipped:
+            typer.echo(f"  left out {skipped.title}: {skipped.reason}")
+        typer.echo(f"summary: {files.summary}")

@@ -11,17 +11,31 @@ from testbed.errors import ExitCode, TestbedError
 
 def run(
     playbook: Path | None = typer.Argument(None, help="experiment playbook (YAML)"),
-    lab: str = typer.Option("emulated", help="emulated (the only lab kind so far)"),
+    lab: str | None = typer.Option(
+        None, help="lab kind: namespaces | mininet | inventory [default: the playbook's lab.kind]"
+    ),
+    inventory: Path | None = typer.Option(
+        None, help="Ansible inventory of the hosts (implies --lab inventory)"
+    ),
     resume: Path | None = typer.Option(None, help="resume an interrupted run folder"),
     retry_failed: bool = typer.Option(False, help="with --resume: run failed conditions again"),
     out: Path | None = typer.Option(None, help="parent folder of the run (default results/)"),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="print the lab, tc/iptables and Fabric actions; do nothing"
     ),
+    max_conditions: int = typer.Option(
+        1000, help="refuse a sweep with more conditions than this (raise it to run one)"
+    ),
 ) -> None:
     """Validate the playbook, bring up the lab, run every condition, write results."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from testbed.results.report import condition_frame, print_summary
     from testbed.runner.run import execute
@@ -33,6 +47,8 @@ def run(
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        "ETA",
+        TimeRemainingColumn(),
         console=console,
         transient=True,
         disable=dry_run,
@@ -42,10 +58,6 @@ def run(
     def condition_done(entry: dict) -> None:
         progress.console.print(describe_condition(entry))
         progress.advance(task)
-
-    if lab != "emulated":
-        console.print(f"[red]--lab {lab}: only the emulated lab is supported so far[/red]")
-        raise typer.Exit(ExitCode.BAD_INPUT)
 
     def say(msg: str) -> None:
         progress.console.print(msg, markup=False, highlight=False, style=None if dry_run else "dim")
@@ -58,9 +70,12 @@ def run(
                 out=out,
                 retry_failed=retry_failed,
                 dry_run=dry_run,
+                lab_kind=lab,
+                inventory=str(inventory) if inventory else None,
                 say=say,
                 on_condition=condition_done,
                 on_plan=lambda n: progress.update(task, total=n),
+                max_conditions=max_conditions,
             )
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: the lab is down; finish with --resume RUN[/yellow]")

@@ -12,17 +12,27 @@ import copy
 import hashlib
 import itertools
 import json
+import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from testbed.config.loading import read_yaml, validate
 from testbed.errors import BadInputError
+from testbed.metrics.slo import Slo
+from testbed.netem.profile import LinkProfile
+
+if TYPE_CHECKING:
+    from testbed.topo.model import Topology
 
 # Settings fixed for a whole run (the lab, the models, the topology): sweeping them would need
-# a new lab or new models per condition, so a sweep naming them is refused.
-RUN_WIDE_KEYS = ("name", "sweep", "mode", "topology", "lab", "models.draft", "models.target")
+# a new lab or new models per condition, so a sweep naming them is refused. The one exception
+# is `lab.devices`: the lab comes up with the largest count swept and each condition runs its
+# agents on the first `lab.devices` devices.
+RUN_WIDE_KEYS = ("name", "sweep", "topology", "lab", "models.draft", "models.target")
+SWEEPABLE_LAB_KEYS = ("lab.devices",)
 
 
 class Strict(BaseModel):
@@ -32,9 +42,27 @@ class Strict(BaseModel):
 
 
 class LabSection(Strict):
-    kind: Literal["emulated", "inventory"] = "emulated"
-    devices: int = Field(2, ge=1, le=64, description="device hosts on the emulated lab")
-    inventory: str | None = Field(None, description="Ansible YAML inventory of a physical lab")
+    """Which lab kind runs the playbook (see `testbed.lab.kinds`) and how many devices."""
+
+    kind: Literal["namespaces", "mininet", "inventory"] = "namespaces"
+    devices: int | None = Field(
+        None, ge=1, le=200, description="rescale the topology's (one-class) fleet to this count"
+    )
+    inventory: str | None = Field(
+        None, description="Ansible YAML inventory of the hosts (lab.kind inventory)"
+    )
+    pi5_cores: float | None = Field(
+        None,
+        gt=0,
+        description="host-class limits on emulated labs: an emulated Pi 5's CPU quota in cores "
+        "of this machine, other classes scaled by their relative speed; unset: no limits",
+    )
+
+    @model_validator(mode="after")
+    def _inventory_given(self) -> LabSection:
+        if self.kind == "inventory" and not self.inventory:
+            raise ValueError("inventory: required when kind is inventory")
+        return self
 
 
 class ModelsSection(Strict):
@@ -43,30 +71,124 @@ class ModelsSection(Strict):
     server_device: str = Field("cpu", description="torch device of the verifier (cpu, cuda)")
 
 
+class ArrivalSection(Strict):
+    """When a device starts its next request: at once after the last answer (closed loop), or
+    at the times of a Poisson process of `rate_per_s` per device, drawn from `seed`."""
+
+    process: Literal["closed", "poisson"] = "closed"
+    rate_per_s: float | None = Field(None, gt=0, description="poisson: requests/s per device")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _rate_given(self) -> ArrivalSection:
+        if self.process == "poisson" and self.rate_per_s is None:
+            raise ValueError("rate_per_s: required when process is poisson")
+        return self
+
+
 class WorkloadSection(Strict):
     kind: Literal["arithmetic", "gsm8k"] = "arithmetic"
     problems_per_device: int = Field(3, ge=1)
     seed: int = 7
     max_new_tokens: int = Field(48, ge=1, le=4096)
     gsm8k_path: str | None = None
+    prompt_format: Literal["plain", "lm-eval"] = Field(
+        "plain",
+        description="plain: the tiny models' `Q: ... A:`; lm-eval: lm-evaluation-harness's "
+        "gsm8k format (`Question: ... Answer:`, after `fewshot` solved train problems)",
+    )
+    fewshot: int = Field(0, ge=0, le=16, description="solved examples before each question")
+    fewshot_path: str | None = Field(None, description="jsonl the examples come from")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="gsm8k: pass over problems whose prompt is longer (tokens)"
+    )
+    repetitions: int = Field(
+        1, ge=1, description="times each sweep point is run; repetition r adds r to the seeds"
+    )
+    arrival: ArrivalSection = ArrivalSection()
+    slo: Slo = Slo()
+
+    @model_validator(mode="after")
+    def _fewshot_needs_lm_eval(self) -> WorkloadSection:
+        if self.fewshot and self.prompt_format != "lm-eval":
+            raise ValueError("fewshot: few-shot examples need prompt_format lm-eval")
+        return self
 
 
 class SledSection(Strict):
-    draft_len: int = Field(4, ge=1, le=64)
+    """The agents' settings (device: drafting, timeouts, redundancy, sampling; server:
+    batching and KV budget); each maps to the agent flag of the same name."""
+
+    draft_len: int = Field(4, ge=1, le=64, description="fixed policy: tokens per draft")
+    draft_policy: Literal["fixed", "adaptive"] = "fixed"
+    draft_min: int = Field(3, ge=1, le=64, description="adaptive: shortest draft")
+    draft_max: int = Field(8, ge=1, le=64, description="adaptive: longest draft")
+    target_acceptance: float = Field(0.75, gt=0, lt=1, description="adaptive: acceptance aimed at")
     timeout_ms: float = Field(200.0, gt=0)
+    timeout_policy: Literal["fixed", "adaptive"] = "fixed"
+    timeout_min_ms: float = Field(20.0, gt=0, description="adaptive timeout: floor")
+    timeout_max_ms: float = Field(1000.0, gt=0, description="adaptive timeout: ceiling")
     retries: int = Field(3, ge=0)
+    copies: int = Field(1, ge=1, le=4, description="redundant sends of each draft and verdict")
+    lookahead: int = Field(0, ge=0, le=64, description="tokens drafted ahead while in flight")
+    min_confidence: float = Field(0.0, ge=0, lt=1, description="stop a draft below this")
+    temperature: float = Field(0.0, ge=0, description="0: greedy; else sampled SD")
+    top_k: int = Field(32, ge=1, description="sampling: draft from the top k")
     probe_ms: float = Field(200.0, gt=0)
     max_batch: int = Field(16, ge=1)
+    batch_strategy: Literal["arrival", "best_fit"] = "arrival"
     window_ms: float = Field(2.0, ge=0)
+    kv_cache_tokens: int | None = Field(None, ge=1, description="server KV pool budget")
+    max_seq_length: int | None = Field(None, ge=8, description="longest session, tokens")
+    idle_s: float = Field(120.0, gt=0, description="server: expire sessions idle this long")
     server_threads: int = Field(1, ge=1)
     device_threads: int = Field(1, ge=1)
 
+    @model_validator(mode="after")
+    def _ranges_ordered(self) -> SledSection:
+        if self.draft_min > self.draft_max:
+            raise ValueError("draft_min: must not exceed draft_max")
+        if self.timeout_min_ms > self.timeout_max_ms:
+            raise ValueError("timeout_min_ms: must not exceed timeout_max_ms")
+        return self
 
-class LinkSection(Strict):
-    rtt_ms: float = Field(85.0, ge=0, le=10000)
-    jitter_ms: float = Field(0.0, ge=0)
-    loss: float = Field(0.0, ge=0, le=1, description="per-direction packet loss, 0..1")
-    rate_mbit: float | None = Field(None, gt=0)
+
+class BalanceSection(Strict):
+    """BALANCE mode: users with mixed deadlines and lengths arrive at one server that serves
+    each autoregressively (AD) or speculatively (SD) under a memory budget (docs/balance.md)."""
+
+    policy: Literal["ad-only", "sd-only", "hybrid"] = "hybrid"
+    users: int = Field(20, ge=1, le=1000, description="users (arithmetic problems) arriving")
+    rate_per_s: float = Field(10.0, gt=0, description="Poisson arrivals per second")
+    memory_mib: float = Field(
+        8.0, gt=0, description="server memory budget: weights, KV caches, verify workspace"
+    )
+    deadline_base_s: float = Field(0.2, ge=0, description="every user's deadline starts here")
+    deadline_per_token_s: tuple[float, float] = Field(
+        (0.01, 0.05), description="plus its output tokens times a value drawn from this range"
+    )
+    draft_len: int = Field(4, ge=1, le=16, description="tokens drafted per SD round")
+    fixed_share: float = Field(
+        0.25, gt=0, lt=0.5, description="share of the server each open mode's fixed step cost takes"
+    )
+    period_s: float = Field(0.05, gt=0, description="scheduling period of the engine loop")
+    profile: str | None = Field(
+        None, description="cost-model JSON (`testbed profile`); unset: measured once per run"
+    )
+    profile_repeats: int = Field(3, ge=1, description="timing repeats when profiling")
+    threads: int = Field(1, ge=1, description="torch threads of the server")
+
+    @model_validator(mode="after")
+    def _range_ordered(self) -> BalanceSection:
+        low, high = self.deadline_per_token_s
+        if not 0 <= low <= high:
+            raise ValueError("deadline_per_token_s: expected [low, high] with 0 <= low <= high")
+        return self
+
+
+class ImpairmentSection(Strict):
+    """Run-only knobs of the impairment (the link itself is the `link` profile)."""
+
     backend: Literal["auto", "netem", "nfqueue"] = "auto"
     rtt_tolerance_ms: float = Field(1.0, gt=0, description="max |measured - requested| RTT")
     probe_packets: int = Field(200, ge=10)
@@ -75,14 +197,23 @@ class LinkSection(Strict):
 class Playbook(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
-    mode: Literal["sled"] = "sled"
+    mode: Literal["sled", "centralized", "balance"] = Field(
+        "sled",
+        description="sled: devices draft, the server verifies; centralized: devices send "
+        "prompts only and the server's target generates every token (the baseline); "
+        "balance: one hybrid AD/SD server serves arriving users (the `balance` section)",
+    )
     seed: int = 1
-    topology: str | None = Field(None, description="topologies/*.yaml giving devices and link")
+    topology: str | None = Field(None, description="topologies/*.yaml: hosts, classes, links")
     lab: LabSection = LabSection()
     models: ModelsSection = ModelsSection()
     workload: WorkloadSection = WorkloadSection()
     sled: SledSection = SledSection()
-    link: LinkSection = LinkSection()
+    link: LinkProfile = Field(
+        LinkProfile(rtt_ms=85.0), description="every device's primary link (a LinkProfile)"
+    )
+    impairment: ImpairmentSection = ImpairmentSection()
+    balance: BalanceSection = BalanceSection()
     condition_timeout_s: float = Field(300.0, gt=0)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
 
@@ -92,7 +223,8 @@ class Playbook(Strict):
         for key, values in v.items():
             if not values:
                 raise ValueError(f"sweep.{key}: expected a non-empty list of values")
-            if any(key == k or key.startswith(k + ".") for k in RUN_WIDE_KEYS):
+            run_wide = any(key == k or key.startswith(k + ".") for k in RUN_WIDE_KEYS)
+            if run_wide and key not in SWEEPABLE_LAB_KEYS:
                 raise ValueError(
                     f"sweep.{key}: fixed for the whole run, cannot be swept "
                     f"(run-wide: {', '.join(RUN_WIDE_KEYS)})"
@@ -109,6 +241,16 @@ class Playbook(Strict):
                     raise ValueError(f"sweep key {key!r} does not name a playbook setting")
                 node = node[part]
         return self
+
+
+def lab_playbook(pb: Playbook) -> Playbook:
+    """The playbook the lab is built from: with a swept `lab.devices`, its largest value (every
+    condition then uses the first `lab.devices` devices of that lab)."""
+    counts = pb.sweep.get("lab.devices")
+    if not counts:
+        return pb
+    lab = pb.lab.model_copy(update={"devices": max(int(n) for n in counts)})
+    return pb.model_copy(update={"lab": lab})
 
 
 class Condition(BaseModel):
@@ -129,37 +271,106 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def condition_id(index: int, values: dict[str, Any]) -> str:
-    """Stable, readable id: index plus swept values, e.g. `c01-link.loss=0.1`."""
+    """Stable, readable id: index plus swept values, e.g. `c01-link.loss=0.1-<digest>`."""
     label = ",".join(f"{k}={v}" for k, v in values.items()) or "base"
-    digest = hashlib.sha1(json.dumps(values, sort_keys=True).encode()).hexdigest()[:6]
+    digest = hashlib.sha1(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
     safe = "".join(ch if ch.isalnum() or ch in "._=-," else "_" for ch in label)[:60]
-    return f"c{index:02d}-{safe}-{digest}"
+    return f"c{index:02d}-{safe}-{digest[:6]}"
 
 
-def expand(playbook: Playbook, source: str = "playbook") -> list[Condition]:
-    """The cartesian product of the sweep, each condition validated as a whole playbook."""
-    keys = list(playbook.sweep)
-    base = playbook.model_dump()
-    out = []
-    for index, combo in enumerate(itertools.product(*(playbook.sweep[k] for k in keys))):
-        values = dict(zip(keys, combo, strict=False))
-        data = copy.deepcopy(base)
-        data["sweep"] = {}
-        for key, value in values.items():
-            _set(data, key, value)
-        resolved = validate(Playbook, data, f"{source} (sweep {values})")
-        out.append(
-            Condition(id=condition_id(index, values), index=index, values=values, playbook=resolved)
+DEFAULT_MAX_CONDITIONS = 1000
+REPETITION = "repetition"  # the sweep value naming a repetition of a sweep point
+
+
+class Sweep:
+    """The conditions of a playbook, expanded lazily: the count and the ids come at once from
+    the sweep's lists; each condition is resolved and validated only when iterated to.
+
+    With `workload.repetitions` r > 1 every sweep point runs r times; repetition k (value
+    `repetition`) adds k to `workload.seed` and `workload.arrival.seed`.
+    """
+
+    def __init__(self, playbook: Playbook, source: str = "playbook") -> None:
+        self.playbook = playbook
+        self.source = source
+        self.keys = list(playbook.sweep)
+        self.repetitions = playbook.workload.repetitions
+        self.count = math.prod(len(v) for v in playbook.sweep.values()) * self.repetitions
+
+    def __len__(self) -> int:
+        return self.count
+
+    def values(self) -> Iterator[dict[str, Any]]:
+        """The swept values of each condition, in order."""
+        for combo in itertools.product(*(self.playbook.sweep[k] for k in self.keys)):
+            values = dict(zip(self.keys, combo, strict=True))
+            if self.repetitions == 1:
+                yield values
+            else:
+                for rep in range(self.repetitions):
+                    yield {**values, REPETITION: rep}
+
+    def ids(self) -> Iterator[str]:
+        """Condition ids in order, without resolving any condition."""
+        for index, values in enumerate(self.values()):
+            yield condition_id(index, values)
+
+    def check_values(self) -> None:
+        """Validate every swept value on its own (applied to the base playbook): a cheap check
+        for sweeps too large to resolve whole; combinations are checked as a run reaches them."""
+        base = self.playbook.model_dump()
+        base["sweep"] = {}
+        for key in self.keys:
+            for value in self.playbook.sweep[key]:
+                data = copy.deepcopy(base)
+                _set(data, key, value)
+                validate(Playbook, data, f"{self.source} (sweep {key}={value!r})")
+
+    def __iter__(self) -> Iterator[Condition]:
+        base = self.playbook.model_dump()
+        base["sweep"] = {}
+        for index, values in enumerate(self.values()):
+            data = copy.deepcopy(base)
+            for key, value in values.items():
+                if key != REPETITION:
+                    _set(data, key, value)
+            rep = values.get(REPETITION, 0)
+            data["workload"]["seed"] += rep
+            data["workload"]["arrival"]["seed"] += rep
+            resolved = validate(Playbook, data, f"{self.source} (sweep {values})")
+            yield Condition(
+                id=condition_id(index, values), index=index, values=values, playbook=resolved
+            )
+
+
+def planned_ids(sweep: Sweep, limit: int = 10_000) -> list[str] | None:
+    """The condition ids a manifest lists: all of them, or None past `limit` (a huge allowed
+    sweep starts at once; its ids follow from the saved playbook)."""
+    return list(sweep.ids()) if len(sweep) <= limit else None
+
+
+def expand(
+    playbook: Playbook, source: str = "playbook", max_conditions: int = DEFAULT_MAX_CONDITIONS
+) -> Sweep:
+    """The playbook's sweep (the cartesian product of its lists), refused at once when it has
+    more than max_conditions conditions; the message names the count and every key's size."""
+    sweep = Sweep(playbook, source)
+    if sweep.count > max_conditions:
+        sizes = " x ".join(
+            [f"{k} ({len(v)})" for k, v in playbook.sweep.items()]
+            + ([f"repetitions ({sweep.repetitions})"] if sweep.repetitions > 1 else [])
         )
-    return out
+        raise BadInputError(
+            f"{source}: sweep: {sweep.count:,} conditions ({sizes}) exceed the limit of "
+            f"{max_conditions:,}; narrow the sweep or raise the limit with --max-conditions"
+        )
+    return sweep
 
 
-def apply_topology(data: dict[str, Any], source: Path) -> None:
-    """Fill `lab.devices` and `link` from the playbook's topology where it does not set them."""
-    from testbed.config.topology import load_topology
+def find_topology(name: object, source: Path) -> Path:
+    """The topology file a playbook names: beside the playbook, else in the repository."""
     from testbed.paths import REPO_ROOT
 
-    name = data["topology"]
     if not isinstance(name, str):
         raise BadInputError(f"{source}: topology: expected a path to a topology file")
     candidates = [source.parent / name, REPO_ROOT / name]
@@ -168,15 +379,49 @@ def apply_topology(data: dict[str, Any], source: Path) -> None:
         raise BadInputError(
             f"{source}: topology: {name} not found (looked in {source.parent} and {REPO_ROOT})"
         )
+    return found.resolve()
+
+
+def apply_topology(data: dict[str, Any], source: Path) -> None:
+    """Resolve `topology` to its file and fill `link` fields the playbook does not set from the
+    topology's primary profile (the first device's)."""
+    from testbed.topo.files import load_topology
+
+    found = find_topology(data["topology"], source)
+    data["topology"] = str(found)
     topo = load_topology(found)
-    for key, defaults in (
-        ("lab", {"devices": topo.devices}),
-        ("link", topo.links[topo.primary].model_dump(exclude_none=True)),
-    ):
-        section = data.setdefault(key, {})
-        if isinstance(section, dict):
-            for k, v in defaults.items():
-                section.setdefault(k, v)
+    primary = topo.link(topo.devices[0].name)
+    section = data.setdefault("link", {})
+    if primary is not None and isinstance(section, dict):
+        for k, v in primary.profile.model_dump(exclude_defaults=True).items():
+            section.setdefault(k, v)
+        section.setdefault("rtt_ms", primary.profile.rtt_ms)
+
+
+def playbook_topology(pb: Playbook, source: str = "playbook") -> Topology:
+    """The topology a playbook runs on: its file (or a star of 2), rescaled to `lab.devices`,
+    with every primary link set to the playbook's `link` profile."""
+    from testbed.topo.files import load_topology
+    from testbed.topo.model import Topology
+
+    topo = load_topology(pb.topology) if pb.topology else Topology.star(2)
+    if pb.lab.devices is not None:
+        try:
+            topo = topo.with_devices(pb.lab.devices)
+        except ValueError as exc:
+            raise BadInputError(f"{source}: lab.devices: {exc}") from None
+    return topo.with_primary_profile(pb.link)
+
+
+def with_lab(pb: Playbook, source: str, kind: str | None, inventory: str | None) -> Playbook:
+    """The playbook with its lab kind (and inventory) replaced, as `testbed run --lab` asks."""
+    if kind is None and inventory is None:
+        return pb
+    data = pb.model_dump(mode="json")
+    data["lab"]["kind"] = kind or ("inventory" if inventory else pb.lab.kind)
+    if inventory is not None:
+        data["lab"]["inventory"] = str(Path(inventory).resolve())
+    return validate(Playbook, data, f"{source} (--lab)")
 
 
 def load_playbook(path: str | Path) -> Playbook:
@@ -185,6 +430,9 @@ def load_playbook(path: str | Path) -> Playbook:
     data = read_yaml(path)
     if isinstance(data, dict) and data.get("topology") is not None:
         apply_topology(data, path)
+    lab = data.get("lab") if isinstance(data, dict) else None
+    if isinstance(lab, dict) and isinstance(lab.get("inventory"), str):
+        lab["inventory"] = str((path.parent / lab["inventory"]).resolve())
     pb = validate(Playbook, data, str(path))
     if pb.workload.kind == "gsm8k" and not pb.workload.gsm8k_path:
         raise BadInputError(f"{path}: workload.gsm8k_path: required when workload.kind is gsm8k")

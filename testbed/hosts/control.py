@@ -18,12 +18,12 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from testbed.errors import AgentError, BadInputError
+from testbed.hosts.group import GroupResult, raise_failures, run_in_threads
 from testbed.hosts.inventory import Inventory, InventoryHost
 
 T = TypeVar("T")
@@ -133,7 +133,7 @@ class HostControl:
         self.echo = echo or (lambda line: print(line, flush=True))
         self.actions: list[str] = []
         self._conns: dict[str, Any] = {}
-        self._locks = {h.name: threading.Lock() for h in inventory.hosts}
+        self._locks = {h.name: threading.Lock() for h in (*inventory.hosts, *inventory.middleboxes)}
         self._pool_lock = threading.Lock()
 
     # --- connections -----------------------------------------------------------------------
@@ -238,21 +238,22 @@ class HostControl:
         timeout: float | None = None,
         check: bool = True,
         max_workers: int = 32,
-    ) -> dict[str, RunResult]:
-        """Run `command` on every host (default: all) in parallel; AgentError naming failures."""
-        results = self.parallel(
-            lambda h: self.run(h, command, env=env, timeout=timeout, check=False),
-            hosts,
-            max_workers=max_workers,
+    ) -> GroupResult:
+        """Run `command` on every host (default: all) in parallel, like Fabric's `Group.run`.
+
+        Returns host -> RunResult. A host that cannot run it (or, with `check`, exits non-zero)
+        is a failure: GroupError, whose `.result` keeps the successes and each failure.
+        """
+
+        def one(h: InventoryHost) -> RunResult:
+            out = self.run(h, command, env=env, timeout=timeout, check=False)
+            if check and not out.ok:
+                raise AgentError(f"{h.name}: exit {out.returncode} {out.stderr.strip()[-300:]}")
+            return out
+
+        return raise_failures(
+            repr(command), run_in_threads(one, self._targets(hosts), max_workers=max_workers)
         )
-        failed = [
-            f"{r.host}: exit {r.returncode} {r.stderr.strip()[-300:]}"
-            for r in results.values()
-            if not r.ok
-        ]
-        if check and failed:
-            raise AgentError(f"{command!r} failed on: " + "; ".join(failed))
-        return results
 
     def parallel(
         self,
@@ -260,13 +261,15 @@ class HostControl:
         hosts: Iterable[str | InventoryHost] | None = None,
         *,
         max_workers: int = 32,
-    ) -> dict[str, T]:
-        """`fn(host)` for each host (default: all) in threads; AgentError listing every failure."""
-        targets = [self.host(h) for h in (hosts if hosts is not None else self.inventory.hosts)]
-        if not targets:
-            return {}
-        with ThreadPoolExecutor(max_workers=min(max_workers, len(targets))) as pool:
-            return _gather({h.name: pool.submit(fn, h) for h in targets})
+        what: str = "action",
+    ) -> GroupResult:
+        """`fn(host)` for each host (default: all) in threads: host -> result, or GroupError."""
+        return raise_failures(
+            what, run_in_threads(fn, self._targets(hosts), max_workers=max_workers)
+        )
+
+    def _targets(self, hosts: Iterable[str | InventoryHost] | None) -> list[InventoryHost]:
+        return [self.host(h) for h in (hosts if hosts is not None else self.inventory.hosts)]
 
     def start_all(
         self,
@@ -275,24 +278,23 @@ class HostControl:
         hosts: Iterable[str | InventoryHost] | None = None,
         *,
         env: Mapping[str, str] | Callable[[InventoryHost], Mapping[str, str]] | None = None,
-    ) -> dict[str, RemoteProcess]:
-        """Start `name` on every host in parallel; `command`/`env` may depend on the host."""
+    ) -> GroupResult:
+        """Start `name` on every host in parallel (host -> RemoteProcess, or GroupError);
+        `command`/`env` may depend on the host."""
 
         def one(h: InventoryHost) -> RemoteProcess:
             cmd = command(h) if callable(command) else command
             e = env(h) if callable(env) else env
             return self.start(h, name, cmd, env=e)
 
-        return self.parallel(one, hosts)
+        return self.parallel(one, hosts, what=f"starting {name}")
 
-    def stop_all(self, procs: Iterable[RemoteProcess], grace_s: float = 5.0) -> dict[str, bool]:
+    def stop_all(self, procs: Iterable[RemoteProcess], grace_s: float = 5.0) -> GroupResult:
         """Stop several processes in parallel; "host/name" -> whether it had to be killed."""
-        procs = list(procs)
-        if not procs:
-            return {}
-        with ThreadPoolExecutor(max_workers=min(32, len(procs))) as pool:
-            futures = {f"{p.host}/{p.name}": pool.submit(self.stop, p, grace_s) for p in procs}
-            return _gather(futures)
+        result = run_in_threads(
+            lambda p: self.stop(p, grace_s), procs, lambda p: f"{p.host}/{p.name}"
+        )
+        return raise_failures("stopping", result)
 
     # --- background processes --------------------------------------------------------------
 
@@ -377,19 +379,3 @@ class HostControl:
         except Exception as exc:
             raise AgentError(f"{h.name}: cannot fetch {source}: {exc}") from exc
         return local
-
-
-def _gather(futures: dict[str, Future[T]]) -> dict[str, T]:
-    """Results by key; one AgentError listing every failure (each names its host)."""
-    results: dict[str, T] = {}
-    errors: list[str] = []
-    for key, fut in futures.items():
-        try:
-            results[key] = fut.result()
-        except AgentError as exc:
-            errors.append(str(exc))
-        except Exception as exc:  # name the host whatever went wrong
-            errors.append(f"{key}: {exc}")
-    if errors:
-        raise AgentError("; ".join(errors))
-    return results

@@ -1,36 +1,46 @@
 """The lab inventory: one Ansible-YAML file read by Ansible and by the Fabric layer.
 
-Layout (the emulated lab writes the same):
+It is read through ansible-core's own inventory API (InventoryManager + VariableManager), so
+every form Ansible accepts works: nested groups, host ranges (`pi5-[1:8]`), `group_vars/` and
+`host_vars/` beside the file, Jinja in variables and Ansible-Vault-encrypted values.
 
-    all:
-      vars: {ansible_user: root, ...}          # optional, inherited by every host
-      children:
-        servers:
-          vars: {...}                          # optional, inherited by the group's hosts
-          hosts:
-            server: {ansible_host: 10.77.0.1, workdir: /srv/testbed, ...}
-        devices:
-          hosts:
-            dev1: {ansible_host: 10.77.0.2, workdir: /home/pi/testbed, ...}
+Groups with a meaning to the testbed (any nesting below them is fine):
 
-Per host (after merging all → group → host vars): `ansible_host` and `workdir` are required;
-`ansible_user` (required), `ansible_port` (22), `ansible_ssh_private_key_file`,
-`ansible_python_interpreter` (python3), `role` (must match the group), `netns` (emulated only).
-A relative key path is taken relative to the inventory file's folder.
+    verifiers     the edge server(s) holding the target model   -> role "server"
+    drafters      edge devices (children by class: pi5, jetson_orin_nano) -> role "device"
+    middleboxes   optional hosts on the path that apply impairment -> role "middlebox"
+    controller    where `testbed` runs (Ansible's business only)
+
+Per host, after Ansible's variable precedence: `ansible_user` and `workdir` are required;
+`ansible_host` (the host name), `ansible_port` (22), `ansible_ssh_private_key_file`,
+`ansible_python_interpreter` (python3), `host_class` (e.g. pi5), `netns` (emulated labs) are
+optional; everything else lands in `InventoryHost.vars`. A relative key path is taken relative
+to the inventory file's folder. Vault passwords come from `vault_password_file` or, as for
+Ansible, `$ANSIBLE_VAULT_PASSWORD_FILE`.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from testbed.errors import BadInputError
+from testbed.topo.hosts import Role
 
-Role = Literal["server", "device"]
-GROUPS: dict[str, Role] = {"servers": "server", "devices": "device"}
+ROLE_GROUPS: dict[str, Role] = {
+    "verifiers": "server",
+    "drafters": "device",
+    "middleboxes": "middlebox",
+}
+"""Inventory group -> the role its hosts play (a host may be in only one of them)."""
+GROUP_OF: dict[Role, str] = {role: group for group, role in ROLE_GROUPS.items()}
 
 
 class InventoryHost(BaseModel):
@@ -47,16 +57,18 @@ class InventoryHost(BaseModel):
     python: str = "python3"
     workdir: str = Field(min_length=1)
     netns: str | None = None
+    host_class: str | None = None
     vars: dict[str, Any] = Field(default_factory=dict)
 
 
 class Inventory(BaseModel):
-    """Every host of a lab, servers first, with the file it came from."""
+    """Every testbed host of a lab (servers first, then devices), and the optional middleboxes."""
 
     model_config = ConfigDict(frozen=True)
 
     source: str
     hosts: tuple[InventoryHost, ...]
+    middleboxes: tuple[InventoryHost, ...] = ()
     vars: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -72,16 +84,15 @@ class Inventory(BaseModel):
         return self.servers[0]
 
     def host(self, name: str) -> InventoryHost:
-        for h in self.hosts:
+        for h in (*self.hosts, *self.middleboxes):
             if h.name == name:
                 return h
-        raise BadInputError(
-            f"{self.source}: no host {name!r} (hosts: {', '.join(h.name for h in self.hosts)})"
-        )
+        names = ", ".join(h.name for h in (*self.hosts, *self.middleboxes))
+        raise BadInputError(f"{self.source}: no host {name!r} (hosts: {names})")
 
 
-# Ansible variable -> InventoryHost field
-_FIELD_OF = {
+# Ansible variable -> InventoryHost field (the rest goes to `vars`)
+FIELD_OF = {
     "ansible_host": "address",
     "ansible_user": "user",
     "ansible_port": "port",
@@ -89,84 +100,55 @@ _FIELD_OF = {
     "ansible_python_interpreter": "python",
     "workdir": "workdir",
     "netns": "netns",
+    "host_class": "host_class",
 }
-_KEY_OF = {v: k for k, v in _FIELD_OF.items()}
+_KEY_OF = {v: k for k, v in FIELD_OF.items()}
+_REQUIRED = ("ansible_user", "workdir")
 
 
-def _mapping(value: Any, where: str, source: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise BadInputError(f"{source}: {where}: expected a mapping, got {type(value).__name__}")
-    return value
+def load_inventory(path: Path | str, vault_password_file: Path | str | None = None) -> Inventory:
+    """Read and validate an Ansible inventory (file or folder); errors name file, host, key.
 
-
-def _groups(doc: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(all.vars, {group name: group body}) from `all.children` or top-level groups."""
-    if "all" in doc:
-        all_ = _mapping(doc["all"], "all", source)
-        unknown = set(all_) - {"vars", "children", "hosts"}
-        if unknown:
-            raise BadInputError(
-                f"{source}: all: unexpected key(s) {sorted(unknown)}; "
-                "expected vars, children (servers, devices)"
-            )
-        if all_.get("hosts"):
-            raise BadInputError(
-                f"{source}: all.hosts: put each host under children.servers or children.devices"
-            )
-        return _mapping(all_.get("vars"), "all.vars", source), _mapping(
-            all_.get("children"), "all.children", source
-        )
-    return {}, doc
-
-
-def parse_inventory(doc: Any, source: str = "inventory", base_dir: Path | None = None) -> Inventory:
-    """Validate a parsed inventory document; errors name `source`, the host and the key.
-
-    Relative key paths are resolved against `base_dir` (default: the current directory).
+    ansible-core reads it in a child process (`testbed.hosts.ansible_vars`): importing it
+    patches interpreter globals (`sys.intern`) that break a later `import torch` here.
     """
-    doc = _mapping(doc, "top level", source)
-    all_vars, groups = _groups(doc, source)
-    seen: dict[str, str] = {}
-    hosts: list[InventoryHost] = []
-    base_dir = base_dir or Path.cwd()
-    for group, body in groups.items():
-        role = GROUPS.get(group)
-        body = _mapping(body, group, source)
-        if role is None:
-            continue  # other groups (e.g. middleboxes) are Ansible's business
-        gvars = _mapping(body.get("vars"), f"{group}.vars", source)
-        for name, hvars in _mapping(body.get("hosts"), f"{group}.hosts", source).items():
-            where = f"host {name!r} (group {group})"
-            if name in seen:
-                raise BadInputError(f"{source}: {where}: also listed in group {seen[name]}")
-            seen[name] = group
-            merged = {**all_vars, **gvars, **_mapping(hvars, where, source)}
-            hosts.append(_host(str(name), role, merged, where, source, base_dir))
-    if not any(h.role == "server" for h in hosts):
-        raise BadInputError(f"{source}: expected at least one host in group 'servers'")
-    hosts.sort(key=lambda h: h.role != "server")  # stable: file order within a role
-    return Inventory(source=source, hosts=tuple(hosts), vars=all_vars)
+    path = Path(path)
+    source = str(path)
+    if not path.exists():
+        raise BadInputError(f"{source}: cannot read inventory (no such file or folder)")
+    argv = [sys.executable, "-m", "testbed.hosts.ansible_vars", str(path)]
+    if vault_password_file:
+        argv += ["--vault-password-file", str(vault_password_file)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    try:
+        read = json.loads(proc.stdout)
+    except ValueError:
+        raise BadInputError(
+            f"{source}: ansible-core could not read it: {proc.stderr[-2000:]}"
+        ) from None
+    if "error" in read:
+        raise BadInputError(read["error"])
+    base_dir = path.resolve().parent if path.is_file() else path.resolve()
+    hosts = [
+        _host(h["name"], h["role"], h["vars"], f"host {h['name']!r} (group {GROUP_OF[h['role']]})",
+              source, base_dir)
+        for h in read["hosts"]
+    ]  # fmt: skip
+    return _inventory(source, hosts, read["all_vars"])
 
 
 def _host(
     name: str, role: Role, merged: dict[str, Any], where: str, source: str, base_dir: Path
 ) -> InventoryHost:
-    given_role = merged.get("role", role)
-    if given_role != role:
-        raise BadInputError(
-            f"{source}: {where}: role: expected {role!r} (its group), got {given_role!r}"
-        )
-    fields: dict[str, Any] = {"name": name, "role": role}
+    fields: dict[str, Any] = {"name": name, "role": role, "address": name}
     extra: dict[str, Any] = {}
     for key, value in merged.items():
-        if key in _FIELD_OF:
-            fields[_FIELD_OF[key]] = value
-        elif key != "role":
+        if key in FIELD_OF:
+            fields[FIELD_OF[key]] = value
+        else:
             extra[key] = value
-    for required in ("ansible_host", "ansible_user", "workdir"):
-        if _FIELD_OF[required] not in fields:
+    for required in _REQUIRED:
+        if FIELD_OF[required] not in fields:
             raise BadInputError(f"{source}: {where}: missing {required}")
     key = fields.get("key_file")
     if isinstance(key, str):
@@ -184,46 +166,72 @@ def _host(
         ) from exc
 
 
-def load_inventory(path: Path | str) -> Inventory:
-    """Read and validate an Ansible-YAML inventory file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise BadInputError(f"{path}: cannot read inventory ({exc.strerror})") from exc
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BadInputError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_inventory(doc, str(path), base_dir=path.resolve().parent)
+def _inventory(source: str, hosts: list[InventoryHost], all_vars: dict[str, Any]) -> Inventory:
+    if not any(h.role == "server" for h in hosts):
+        raise BadInputError(f"{source}: expected at least one host in group 'verifiers'")
+    order: dict[Role, int] = {"server": 0, "device": 1, "middlebox": 2}
+    hosts.sort(key=lambda h: order[h.role])  # stable: file order within a role
+    return Inventory(
+        source=source,
+        hosts=tuple(h for h in hosts if h.role != "middlebox"),
+        middleboxes=tuple(h for h in hosts if h.role == "middlebox"),
+        vars=all_vars,
+    )
 
 
-def inventory_document(inv_hosts: list[InventoryHost], all_vars: dict[str, Any]) -> dict:
-    """The Ansible-YAML document for `inv_hosts` (inverse of `parse_inventory`)."""
+def inventory_document(
+    inv_hosts: Iterable[InventoryHost],
+    all_vars: Mapping[str, Any],
+    controller: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The Ansible-YAML document for `inv_hosts` (what `load_inventory` reads back).
+
+    Devices with a `host_class` are also members of a child group of `drafters` named after
+    it (`jetson-orin-nano` -> `jetson_orin_nano`); `controller` (its variables) adds the
+    `controller` group's one host, `ctl`.
+    """
     children: dict[str, Any] = {}
-    for group, role in GROUPS.items():
-        members = {}
-        for h in inv_hosts:
-            if h.role != role:
-                continue
-            hv: dict[str, Any] = {
-                "ansible_host": h.address,
-                "ansible_user": h.user,
-                "ansible_port": h.port,
-                "ansible_python_interpreter": h.python,
-                "workdir": h.workdir,
-                "role": h.role,
-            }
-            if h.key_file is not None:
-                hv["ansible_ssh_private_key_file"] = str(h.key_file)
-            if h.netns is not None:
-                hv["netns"] = h.netns
-            hv.update(h.vars)
-            members[h.name] = hv
-        children[group] = {"hosts": members}
+    for role, group in GROUP_OF.items():
+        members = [h for h in inv_hosts if h.role == role]
+        if not members and role == "middlebox":
+            continue
+        body: dict[str, Any] = {"hosts": {h.name: _host_vars(h) for h in members}}
+        for h in members:  # class groups list their members (file order stays the host order)
+            if role == "device" and h.host_class:
+                sub = body.setdefault("children", {}).setdefault(_class_group(h.host_class), {})
+                sub.setdefault("hosts", {})[h.name] = None
+        children[group] = body
+    if controller is not None:
+        children["controller"] = {"hosts": {"ctl": dict(controller)}}
     return {"all": {"vars": dict(all_vars), "children": children}}
 
 
-def dump_inventory(inv_hosts: list[InventoryHost], all_vars: dict[str, Any]) -> str:
-    """YAML text of the inventory for `inv_hosts`."""
-    return yaml.safe_dump(inventory_document(inv_hosts, all_vars), sort_keys=False)
+def _class_group(host_class: str) -> str:
+    return host_class.replace("-", "_")
+
+
+def _host_vars(h: InventoryHost) -> dict[str, Any]:
+    hv: dict[str, Any] = {
+        "ansible_host": h.address,
+        "ansible_user": h.user,
+        "ansible_port": h.port,
+        "ansible_python_interpreter": h.python,
+        "workdir": h.workdir,
+    }
+    if h.key_file is not None:
+        hv["ansible_ssh_private_key_file"] = str(h.key_file)
+    if h.netns is not None:
+        hv["netns"] = h.netns
+    if h.host_class is not None:
+        hv["host_class"] = h.host_class
+    hv.update(h.vars)
+    return hv
+
+
+def dump_inventory(
+    inv_hosts: Iterable[InventoryHost],
+    all_vars: Mapping[str, Any],
+    controller: Mapping[str, Any] | None = None,
+) -> str:
+    """YAML text of the inventory for `inv_hosts` (see `inventory_document`)."""
+    return yaml.safe_dump(inventory_document(inv_hosts, all_vars, controller), sort_keys=False)

@@ -1,18 +1,25 @@
-"""The emulated lab: network namespaces on a bridge with an sshd per host (see `emulated`)."""
+"""Labs: one `Lab` interface (`interface`), its kinds (`kinds`: namespaces, mininet, inventory),
+what a lab should look like (`spec`), and every system command through one runner (`system`)."""
 
 from __future__ import annotations
 
 from testbed.lab.clean import clean_all, leftovers
 from testbed.lab.emulated import EmulatedLab, LabStatus
+from testbed.lab.interface import Lab, LinkSite
+from testbed.lab.kinds import LAB_KINDS, lab_class
 from testbed.lab.spec import LabHost, LabSpec
 from testbed.lab.system import SystemRunner
 
 __all__ = [
+    "LAB_KINDS",
     "EmulatedLab",
+    "Lab",
     "LabHost",
     "LabSpec",
     "LabStatus",
+    "LinkSite",
     "SystemRunner",
     "clean_all",
+    "lab_class",
     "leftovers",
 ]

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import BaseModel
 
@@ -23,11 +24,14 @@ from testbed import paths
 from testbed.errors import LabError
 from testbed.hosts.inventory import Inventory, InventoryHost, dump_inventory, load_inventory
 from testbed.lab import naming, sshd
+from testbed.lab.backup import build_backup, start_monitor
 from testbed.lab.clean import remove_lab_objects, verify_gone
 from testbed.lab.discover import list_netns, pid_alive, root_links
+from testbed.lab.limits import HostLimiter, confine_hosts
 from testbed.lab.spec import LabHost, LabSpec
 from testbed.lab.state import LabState
 from testbed.lab.system import SystemRunner, require_root
+from testbed.topo.model import Topology
 
 INVENTORY_FILE = "inventory.yml"
 
@@ -63,7 +67,12 @@ class LabStatus(BaseModel):
 
 
 class EmulatedLab:
-    """A running (or, in dry-run, planned) emulated lab; see the module docstring."""
+    """A running (or, in dry-run, planned) emulated lab; see the module docstring.
+
+    Lab kind `namespaces` (the `Lab` interface of `testbed.lab.interface`).
+    """
+
+    kind: ClassVar[str] = "namespaces"
 
     def __init__(self, state: LabState, runner: SystemRunner | None = None) -> None:
         self.state = state
@@ -121,6 +130,14 @@ class EmulatedLab:
                 )
             if not runner.dry_run:
                 sshd.wait_listening([(h.ip, spec.ssh_port) for h in state.hosts])
+            if spec.pi5_cores is not None:
+                say("host-class limits")
+                limiter = HostLimiter(spec.name, state_dir, runner)
+                pid_files = state.sshd_pid_files
+                state.limits = confine_hosts(limiter, state.hosts, pid_files, spec.pi5_cores)
+            if spec.topology.has_backup:
+                say("backup path")
+                start_monitor(lab, build_backup(lab))
             runner.write_file(state.inventory, dump_inventory(lab.inventory_hosts(), lab._vars()))
         except BaseException:
             state.status = "failed"
@@ -165,6 +182,7 @@ class EmulatedLab:
 
     def _remove(self, keep_files: bool) -> list[str]:
         removed = remove_lab_objects(self.name, self.runner)
+        removed += HostLimiter(self.name, self.state_dir, self.runner).remove()
         verify_gone(self.name, self.runner)
         if not keep_files:
             self.runner.remove_tree(self.state_dir)
@@ -179,6 +197,10 @@ class EmulatedLab:
     @property
     def spec(self) -> LabSpec:
         return self.state.spec
+
+    @property
+    def topology(self) -> Topology:
+        return self.state.spec.topology
 
     @property
     def state_dir(self) -> Path:
@@ -246,15 +268,31 @@ class EmulatedLab:
                 python=self.spec.python,
                 workdir=str(h.workdir),
                 netns=h.netns,
+                host_class=h.host_class,
             )
             for h in self.state.hosts
         ]
 
     def _vars(self) -> dict[str, object]:
+        # `lab_kind: emulated` tells the Ansible roles that hosts share this machine
         return {
             "lab_kind": "emulated",
+            "testbed_lab_kind": self.kind,
             "lab_name": self.name,
             "testbed_repo": str(paths.REPO_ROOT),
+        }
+
+    def describe(self) -> dict[str, object]:
+        """What the run manifest records about the lab."""
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "subnet": str(self.spec.subnet),
+            "topology": self.topology.name,
+            "devices": len(self.devices),
+            "classes": self.topology.class_counts(),
+            "limits": [a.model_dump() for a in self.state.limits],
+            "up_seconds": self.state.up_seconds,
         }
 
     def status(self) -> LabStatus:

@@ -1,46 +1,56 @@
-"""What an emulated lab should look like (`LabSpec`) and the hosts it is made of (`LabHost`)."""
+"""What a lab should look like (`LabSpec`: a topology, a subnet, SSH settings) and the hosts
+it is made of (`LabHost`: a topology host placed on the lab, with its address and interfaces)."""
 
 from __future__ import annotations
 
 import ipaddress
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from testbed import paths
 from testbed.config.loading import validate
 from testbed.lab import naming
+from testbed.topo.model import TopoHost, Topology
 
-Role = Literal["server", "device"]
 
+class LabHost(TopoHost):
+    """A topology host placed on a lab: its address, namespace, working directory, and the
+    interface facing it where its links are impaired (`port`). How the controller reaches it
+    over SSH is its `InventoryHost` (testbed.hosts.inventory)."""
 
-class LabHost(BaseModel):
-    """One emulated host: its own network namespace, address, sshd and working directory."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    role: Role
     ip: str
-    netns: str
+    netns: str | None = Field(None, description="its namespace on this machine (emulated labs)")
     workdir: Path
-    port: str = Field(description="its veth end on the bridge (in the bridge namespace)")
+    port: str = Field(description="the interface facing it at the link site (a bridge port)")
 
 
 class LabSpec(BaseModel):
-    """An emulated lab: one server and `devices` devices on one bridge, controller attached."""
+    """A lab of `topology`'s hosts. `devices=N` (given instead of a topology) is a star of N.
+
+    `inventory` names the Ansible inventory of an `inventory` lab (the hosts exist already).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = "lab"
-    devices: int = Field(2, ge=1, le=200)
+    topology: Topology = Field(default_factory=lambda: Topology.star(2))
+    inventory: Path | None = None
     subnet: ipaddress.IPv4Network = ipaddress.IPv4Network("10.77.0.0/24")
     state_dir: Path | None = None
     user: str = "root"
     python: str = Field(default_factory=lambda: sys.executable)
     ssh_port: int = Field(22, ge=1, le=65535)
+    pi5_cores: float | None = Field(
+        None,
+        gt=0,
+        description="host-class limits (namespace labs): an emulated Pi 5's CPU quota in cores, "
+        "other classes scaled by relative speed (see testbed.lab.limits); None: no limits",
+    )
 
     @field_validator("name")
     @classmethod
@@ -51,9 +61,30 @@ class LabSpec(BaseModel):
             )
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _devices_to_topology(cls, data: Any) -> Any:
+        """`devices=N`: a star of N devices (or the given topology rescaled to N)."""
+        if isinstance(data, dict) and "devices" in data:
+            data = dict(data)
+            count = data.pop("devices")
+            if not isinstance(count, int) or not 1 <= count <= MAX_DEVICES:
+                raise ValueError(f"devices: expected a whole number 1..{MAX_DEVICES}")
+            topo = data.get("topology")
+            if isinstance(topo, Topology):
+                data["topology"] = topo.with_devices(count)
+            else:
+                data["topology"] = Topology.star(count)
+        return data
+
+    @property
+    def devices(self) -> int:
+        """How many device hosts the lab has."""
+        return len(self.topology.devices)
+
     @model_validator(mode="after")
     def _fits(self) -> LabSpec:
-        need = self.devices + 2  # server, devices, controller
+        need = len(self.topology.hosts) + 1  # every host and the controller
         if self.subnet.num_addresses - 2 < need:
             raise ValueError(
                 f"subnet {self.subnet} has room for {self.subnet.num_addresses - 2} hosts, "
@@ -78,21 +109,24 @@ class LabSpec(BaseModel):
         return str(self.subnet.broadcast_address - 1)
 
     def plan(self, state_dir: Path) -> list[LabHost]:
-        """The hosts: `server` at the first address, `dev1..devN` after it."""
+        """The topology's servers then devices, at consecutive addresses from the first."""
         base = self.subnet.network_address
-        names: list[tuple[str, Role]] = [("server", "server")]
-        names += [(naming.device_name(i), "device") for i in range(1, self.devices + 1)]
+        order = self.topology.by_role("server") + self.topology.by_role("device")
         return [
             LabHost(
-                name=name,
-                role=role,
+                name=h.name,
+                role=h.role,
+                host_class=h.host_class,
                 ip=str(base + 1 + i),
-                netns=naming.host_netns(self.name, name),
-                workdir=state_dir / "hosts" / name,
-                port=naming.bridge_port(name),
+                netns=naming.host_netns(self.name, h.name),
+                workdir=state_dir / "hosts" / h.name,
+                port=naming.bridge_port(h.name),
             )
-            for i, (name, role) in enumerate(names)
+            for i, h in enumerate(order)
         ]
+
+
+MAX_DEVICES = 200
 
 
 def default_state_dir(name: str) -> Path:

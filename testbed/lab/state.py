@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
 from testbed.errors import LabError
+from testbed.lab.limits import AppliedLimits
 from testbed.lab.spec import LabHost, LabSpec
+from testbed.results.atomic import atomic_write_text
 
 STATE_FILE = "state.json"
 
@@ -32,6 +33,7 @@ class LabState(BaseModel):
     inventory: Path
     created_at: float = 0.0
     up_seconds: float | None = None
+    limits: list[AppliedLimits] = []
 
     @property
     def path(self) -> Path:
@@ -39,10 +41,7 @@ class LabState(BaseModel):
 
     def save(self) -> None:
         """Write atomically (a crash never leaves half a state file)."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(STATE_FILE + f".{os.getpid()}.tmp")
-        tmp.write_text(self.model_dump_json(indent=2))
-        tmp.replace(self.path)
+        atomic_write_text(self.path, self.model_dump_json(indent=2))
 
     @classmethod
     def load(cls, state_dir: Path) -> LabState:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.errors import LabError, PrivilegeError, TestbedError
+from testbed.results.atomic import atomic_replace
 
 
 @dataclass
@@ -52,6 +53,13 @@ class SystemRunner:
     dry_run: bool = False
     echo: Callable[[str], None] | None = None
     actions: list[str] = field(default_factory=list)
+    remote: tuple[str, ...] = ()
+    """A command prefix that runs one shell line on another machine (`ssh ... user@host`):
+    set for a physical lab's middlebox; empty to run here."""
+
+    def _argv(self, argv: Sequence[str], netns: str | None) -> list[str]:
+        full = netns_argv([str(a) for a in argv], netns)
+        return [*self.remote, shlex.join(full)] if self.remote else full
 
     def record(self, text: str) -> None:
         """Note an action (and print it in dry-run or when an `echo` is set)."""
@@ -77,7 +85,7 @@ class SystemRunner:
         `query=True` marks a read-only command: it runs even in dry-run, unrecorded (listing
         namespaces, reading rules). With `check`, a non-zero exit raises `error` with stderr.
         """
-        full = netns_argv([str(a) for a in argv], netns)
+        full = self._argv(argv, netns)
         line = shlex.join(full)
         if input and not query:
             line += " <<EOF\n" + input.rstrip("\n") + "\nEOF"
@@ -112,7 +120,7 @@ class SystemRunner:
         `detach` puts it in its own session so it outlives this process (a lab outlives the
         `testbed lab up` command that made it).
         """
-        full = netns_argv([str(a) for a in argv], netns)
+        full = self._argv(argv, netns)
         line = shlex.join(full)
         self.record(line + " &")
         if self.dry_run:
@@ -138,11 +146,9 @@ class SystemRunner:
         self.record(f"write {path} ({len(text)} bytes)")
         if self.dry_run:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        os.chmod(tmp, mode)
-        tmp.replace(path)
+        with atomic_replace(path) as tmp:
+            tmp.write_text(text)
+            os.chmod(tmp, mode)
 
     def remove_tree(self, path: Path) -> None:
         """Delete a directory tree (recorded; skipped in dry-run)."""

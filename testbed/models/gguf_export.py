@@ -181,3 +181,30 @@ def export_gguf(hf_dir: Path, out: Path, ftype: str = "f32") -> Path:
         raise
     os.replace(tmp, out)
     return out
+
+
+QUANTIZATIONS = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+
+
+def quantize_gguf(src: Path, out: Path, kind: str) -> Path:
+    """Write src (an f32/f16 GGUF) quantized to kind (q8_0 or q4_0) to out, with llama.cpp's
+    own quantizer; returns out. Block quantizations need rows that are multiples of 32."""
+    import ctypes
+
+    import llama_cpp
+
+    if kind not in QUANTIZATIONS:
+        raise ExportError(f"quantization must be one of {sorted(QUANTIZATIONS)}, got {kind!r}")
+    src, out = Path(src), Path(out)
+    if not src.is_file():
+        raise ExportError(f"{src}: file not found (expected an f32 or f16 GGUF)")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, QUANTIZATIONS[kind])
+    params.nthread = 1
+    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        raise ExportError(f"{src}: llama.cpp could not quantize to {kind} (code {rc})")
+    tmp.replace(out)
+    return out

@@ -9,6 +9,14 @@ produce the files. A build happens in a temporary folder that is renamed into pl
 complete, under a file lock, so a crashed build leaves no half cache and two processes never
 build the same pair at once.
 
+Reproducibility, plainly: a build is deterministic on one machine and software stack (fixed
+seeds, fixed thread counts), but NOT bit-reproducible across machines: PyTorch's CPU kernels
+pick different vector code paths (AVX2, AVX-512, NEON) whose float sums round differently, and
+over hundreds of training steps that yields different weights, so the same recipe hash can
+give differently accurate pairs on two machines. The manifest records the build machine's CPU
+capability and the sha256 of every file, and every run's manifest records the sha256 of the
+model files it used: results name their weights, not just their recipe.
+
 Layout of a pair folder: `manifest.json`, `draft/` and `target/` (config.json,
 model.safetensors, tokenizer files), `draft.gguf`, `target.gguf`.
 """
@@ -35,9 +43,15 @@ from testbed.models.configs import DRAFT, TARGET, ModelSpec
 from testbed.models.tokenizer import TokenizerSpec
 from testbed.models.train import TrainSpec
 from testbed.paths import cache_dir
+from testbed.results.atomic import atomic_replace
+from testbed.results.manifest import file_sha256
 
 RECIPE_VERSION = 1  # bump when code changes what a build produces
 MANIFEST = "manifest.json"
+REPRODUCIBILITY = (
+    "deterministic on one machine and software stack; CPU kernels differ between vector ISAs "
+    "(AVX2/AVX-512/NEON), so other machines build different weights from the same recipe"
+)
 ROLES = ("draft", "target")
 
 Progress = Callable[[str], None]
@@ -119,20 +133,12 @@ def load_pair(root: Path) -> TinyPair:
     )
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def verify_pair(pair: TinyPair) -> list[str]:
     """Files whose sha256 differs from the manifest's (empty when the pair is intact)."""
     return [
         rel
         for rel, digest in pair.manifest["files"].items()
-        if sha256_file(pair.root / rel) != digest
+        if file_sha256(pair.root / rel) != digest
     ]
 
 
@@ -189,10 +195,8 @@ def copy_pair(pair: TinyPair, out: Path) -> TinyPair:
     out.mkdir(parents=True, exist_ok=True)
     for rel in [*pair.manifest["files"], MANIFEST]:
         dest = out / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".tmp")
-        shutil.copy2(pair.root / rel, tmp)
-        os.replace(tmp, dest)
+        with atomic_replace(dest) as tmp:
+            shutil.copy2(pair.root / rel, tmp)
     return load_pair(out)
 
 
@@ -207,7 +211,7 @@ def build_pair(root: Path, recipe: TinyRecipe, digest: str, say: Progress) -> No
     from testbed.models.evaluate import heldout_accuracy, token_agreement
     from testbed.models.gguf_export import export_gguf
     from testbed.models.tokenizer import save_tokenizer, train_tokenizer
-    from testbed.models.train import encode_problems, train_model
+    from testbed.models.train import TrainProgress, encode_problems, train_model
 
     hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
@@ -227,8 +231,8 @@ def build_pair(root: Path, recipe: TinyRecipe, digest: str, say: Progress) -> No
         tr: TrainSpec = getattr(recipe, f"{role}_train")
         config = llama_config(spec, vocab_size)
 
-        def report(step: int, loss: float, role: str = role, steps: int = tr.steps) -> None:
-            say(f"training {role}: step {step + 1}/{steps}, loss {loss:.3f}")
+        def report(p: TrainProgress, role: str = role) -> None:
+            say(p.line(f"training {role}"))
 
         model, result = train_model(config, data, tr, pad_id=2, progress=report)
         model.save_pretrained(root / role)
@@ -272,7 +276,7 @@ def build_pair(root: Path, recipe: TinyRecipe, digest: str, say: Progress) -> No
         torch.set_num_threads(old_threads)
 
     files = {
-        str(p.relative_to(root)): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()
+        str(p.relative_to(root)): file_sha256(p) for p in sorted(root.rglob("*")) if p.is_file()
     }
     manifest = {
         "format": 1,
@@ -290,5 +294,14 @@ def build_pair(root: Path, recipe: TinyRecipe, digest: str, say: Progress) -> No
             "what": "draft argmax == target greedy token, teacher-forced on target answers",
         },
         "files": files,
+        "reproducibility": {
+            "bit_reproducible_across_machines": False,
+            "why": REPRODUCIBILITY,
+            "build_machine": {
+                "machine": platform.machine(),
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                "threads": threads,
+            },
+        },
     }
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

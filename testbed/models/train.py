@@ -37,6 +37,28 @@ class TrainSpec:
     grad_clip: float = 1.0
 
 
+@dataclass(frozen=True)
+class TrainProgress:
+    """Where a training run stands: the step just done (1-based), its loss, and the time
+    left at the pace so far."""
+
+    step: int
+    steps: int
+    loss: float
+    elapsed_s: float
+
+    @property
+    def eta_s(self) -> float:
+        """Seconds left if the remaining steps take as long as the ones done."""
+        return self.elapsed_s / self.step * (self.steps - self.step)
+
+    def line(self, what: str) -> str:
+        """`what: step 120/2000, loss 1.234, 3 min 10 s left`."""
+        left = int(round(self.eta_s))
+        eta = f"{left // 60} min {left % 60:02d} s" if left >= 60 else f"{left} s"
+        return f"{what}: step {self.step}/{self.steps}, loss {self.loss:.3f}, {eta} left"
+
+
 @dataclass
 class TrainResult:
     """What a training run did: parameter count, losses, wall time."""
@@ -76,9 +98,15 @@ def train_model(
     data: torch.Tensor,
     spec: TrainSpec,
     pad_id: int,
-    progress: Callable[[int, float], None] | None = None,
+    progress: Callable[[TrainProgress], None] | None = None,
+    progress_every_s: float = 5.0,
 ) -> tuple[LlamaForCausalLM, TrainResult]:
-    """Train a fresh model of config on rows of data; progress(step, loss) every 25 steps."""
+    """Train a fresh model of config on rows of data.
+
+    The loss curve samples every 25th step; `progress` hears about the run at most every
+    `progress_every_s` seconds and after the last step (reporting does not touch the
+    computation, so it cannot change the weights).
+    """
     import torch
     from transformers import LlamaForCausalLM
 
@@ -99,6 +127,7 @@ def train_model(
         curve: list[tuple[int, float]] = []
         t0 = time.perf_counter()
         loss_value = float("nan")
+        last_report = t0
         for step in range(spec.steps):
             batch = data[torch.randint(0, len(data), (spec.batch_size,), generator=gen)]
             width = int((batch != pad_id).sum(1).max())
@@ -116,8 +145,11 @@ def train_model(
             if step % 25 == 0 or step == spec.steps - 1:
                 loss_value = float(loss.item())
                 curve.append((step, round(loss_value, 4)))
-                if progress:
-                    progress(step, loss_value)
+            now = time.perf_counter()
+            last = step == spec.steps - 1
+            if progress and (last or now - last_report >= progress_every_s):
+                last_report = now
+                progress(TrainProgress(step + 1, spec.steps, float(loss.item()), now - t0))
         model.eval()
         wall = time.perf_counter() - t0
     finally:

@@ -3,27 +3,35 @@
 imp = apply(lab, LinkProfile(rtt_ms=85, loss=0.1))   # all devices; verified in place
 results = probe_links(lab)                            # measured RTT and loss per device
 clear(lab)
+
+Names are imported on first use (PEP 562), so that `testbed.netem.profile` can be imported by
+the topology and lab models without pulling in the backends (which import the lab).
 """
 
 from __future__ import annotations
 
-from testbed.netem.api import Impairment, apply, clear, current, verify
-from testbed.netem.detect import choose_backend, netem_available
-from testbed.netem.probe import ProbeResult, format_result, probe_link, probe_links
-from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
+import importlib
+from typing import Any
 
-__all__ = [
-    "LOSS_SEMANTICS",
-    "Impairment",
-    "LinkProfile",
-    "ProbeResult",
-    "apply",
-    "choose_backend",
-    "clear",
-    "current",
-    "format_result",
-    "netem_available",
-    "probe_link",
-    "probe_links",
-    "verify",
-]
+_WHERE = {
+    "Impairment": "api",
+    "apply": "api",
+    "clear": "api",
+    "current": "api",
+    "verify": "api",
+    "choose_backend": "detect",
+    "netem_available": "detect",
+    "ProbeResult": "probe",
+    "format_result": "probe",
+    "probe_link": "probe",
+    "probe_links": "probe",
+    "LOSS_SEMANTICS": "profile",
+    "LinkProfile": "profile",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

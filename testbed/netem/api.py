@@ -1,5 +1,9 @@
 """Apply and clear link profiles on a lab's device <-> server links, with the right backend.
 
+Backends see a lab only as a `LinkSite` (testbed.lab.interface): the forwarding point where
+links are impaired and, per host, its address and the interface facing it there; any lab kind
+(namespaces, mininet, inventory with a middlebox) provides one.
+
 The whole impairment of a lab (backend, per-device profiles, holder) is kept in
 `<lab state dir>/run/impairment.json`, so another process (`testbed lab clear`) can undo it.
 Every apply is verified on the system; a link whose impairment is not in place raises
@@ -17,13 +21,14 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from testbed.errors import ImpairmentError
-from testbed.lab.emulated import EmulatedLab
+from testbed.lab.interface import LinkSite
 from testbed.lab.spec import LabHost
 from testbed.lab.system import SystemRunner
 from testbed.netem.detect import BackendName, choose_backend
 from testbed.netem.nfqueue import NfqueueBackend
 from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
 from testbed.netem.tcnetem import TcNetemBackend
+from testbed.results.atomic import atomic_write_text
 
 STATE_FILE = "impairment.json"
 
@@ -34,7 +39,7 @@ class Impairment(BaseModel):
     lab: str
     backend: BackendName
     reason: str
-    holder: str | None = None  # "c" or "python" for the nfqueue backend
+    holder: str | None = None  # "c" (the compiled packet holder) for the nfqueue backend
     profiles: dict[str, LinkProfile] = {}
     backend_state: dict[str, Any] = {}
     applied_at: float = 0.0
@@ -44,28 +49,28 @@ class Impairment(BaseModel):
 class Backend(Protocol):
     name: str
 
-    def apply(self, lab: EmulatedLab, profiles: dict[str, LinkProfile]) -> dict[str, Any]: ...
+    def apply(self, lab: LinkSite, profiles: dict[str, LinkProfile]) -> dict[str, Any]: ...
 
-    def clear(self, lab: EmulatedLab, state: dict[str, Any]) -> None: ...
+    def clear(self, lab: LinkSite, state: dict[str, Any]) -> None: ...
 
     def verify(
-        self, lab: EmulatedLab, profiles: dict[str, LinkProfile], state: dict[str, Any]
+        self, lab: LinkSite, profiles: dict[str, LinkProfile], state: dict[str, Any]
     ) -> None: ...
 
-    def verify_clear(self, lab: EmulatedLab) -> None: ...
+    def verify_clear(self, lab: LinkSite) -> None: ...
 
 
-def make_backend(name: str, runner: SystemRunner, holder: str = "auto") -> Backend:
+def make_backend(name: str, runner: SystemRunner) -> Backend:
     if name == "netem":
         return TcNetemBackend(runner)
-    return NfqueueBackend(runner, holder=holder)
+    return NfqueueBackend(runner)
 
 
-def _state_path(lab: EmulatedLab) -> Path:
+def _state_path(lab: LinkSite) -> Path:
     return lab.runtime_dir / STATE_FILE
 
 
-def current(lab: EmulatedLab) -> Impairment | None:
+def current(lab: LinkSite) -> Impairment | None:
     """The impairment applied to `lab`, or None."""
     path = _state_path(lab)
     if not path.exists():
@@ -76,7 +81,7 @@ def current(lab: EmulatedLab) -> Impairment | None:
         raise ImpairmentError(f"{path}: unreadable impairment state: {exc}") from exc
 
 
-def _names(lab: EmulatedLab, devices: Iterable[str | LabHost] | None) -> list[str]:
+def _names(lab: LinkSite, devices: Iterable[str | LabHost] | None) -> list[str]:
     if devices is None:
         return [d.name for d in lab.devices]
     names = [d.name if isinstance(d, LabHost) else d for d in devices]
@@ -90,33 +95,43 @@ def _names(lab: EmulatedLab, devices: Iterable[str | LabHost] | None) -> list[st
 
 
 def apply(
-    lab: EmulatedLab,
+    lab: LinkSite,
     profile: LinkProfile,
     devices: Iterable[str | LabHost] | None = None,
     backend: str = "auto",
-    holder: str = "auto",
     runner: SystemRunner | None = None,
 ) -> Impairment:
     """Impair the links of `devices` (default: all) with `profile`; returns what is applied.
 
     Devices not named keep their current profile. `backend` is auto | netem | nfqueue (auto
-    keeps the backend already in use, else netem where the kernel has it, else nfqueue);
-    `holder` is auto | c | python for nfqueue.
+    keeps the backend already in use, else netem where the kernel has it, else nfqueue).
     """
+    profiles = dict.fromkeys(_names(lab, devices), profile)
+    return apply_each(lab, profiles, backend, runner)
+
+
+def apply_each(
+    lab: LinkSite,
+    profiles: dict[str, LinkProfile],
+    backend: str = "auto",
+    runner: SystemRunner | None = None,
+) -> Impairment:
+    """Impair each named device's link with its own profile (e.g. a topology's primary links);
+    devices not named keep their current profile. See `apply` for `backend`."""
     runner = runner or lab.runner
+    _names(lab, profiles)
     was = current(lab)
-    profiles = dict(was.profiles) if was else {}
-    for name in _names(lab, devices):
-        profiles[name] = profile
+    merged = dict(was.profiles) if was else {}
+    merged.update(profiles)
     if was is not None and backend == "auto":
         name, reason = was.backend, was.reason
     else:
         name, reason = choose_backend(backend, runner)
-    return _set_profiles(lab, was, profiles, name, reason, holder, runner)
+    return _set_profiles(lab, was, merged, name, reason, runner)
 
 
 def clear(
-    lab: EmulatedLab,
+    lab: LinkSite,
     devices: Iterable[str | LabHost] | None = None,
     runner: SystemRunner | None = None,
 ) -> Impairment | None:
@@ -129,9 +144,7 @@ def clear(
         drop = set(_names(lab, devices))
         keep = {k: v for k, v in was.profiles.items() if k not in drop}
         if keep:
-            return _set_profiles(
-                lab, was, keep, was.backend, was.reason, was.holder or "auto", runner
-            )
+            return _set_profiles(lab, was, keep, was.backend, was.reason, runner)
     impl = make_backend(was.backend, runner)
     impl.clear(lab, was.backend_state)
     impl.verify_clear(lab)
@@ -140,7 +153,7 @@ def clear(
     return None
 
 
-def verify(lab: EmulatedLab, runner: SystemRunner | None = None) -> Impairment | None:
+def verify(lab: LinkSite, runner: SystemRunner | None = None) -> Impairment | None:
     """Check that the current impairment is still in place (e.g. between conditions).
 
     Raises ImpairmentError if a rule, queue or holder has gone; returns what is applied.
@@ -153,19 +166,18 @@ def verify(lab: EmulatedLab, runner: SystemRunner | None = None) -> Impairment |
 
 
 def _set_profiles(
-    lab: EmulatedLab,
+    lab: LinkSite,
     was: Impairment | None,
     profiles: dict[str, LinkProfile],
     name: BackendName,
     reason: str,
-    holder: str,
     runner: SystemRunner,
 ) -> Impairment:
     """Replace the lab's whole impairment by `profiles` with backend `name`, then verify it."""
     profiles = {k: v for k, v in profiles.items() if not v.is_null}
     if was is not None and was.backend != name:
         make_backend(was.backend, runner).clear(lab, was.backend_state)
-    impl = make_backend(name, runner, holder)
+    impl = make_backend(name, runner)
     try:
         state = impl.apply(lab, profiles)
         impl.verify(lab, profiles, state)
@@ -184,12 +196,10 @@ def _set_profiles(
         applied_at=time.time(),
     )
     if not runner.dry_run:
-        tmp = _state_path(lab).with_suffix(".tmp")
-        tmp.write_text(imp.model_dump_json(indent=2))
-        tmp.replace(_state_path(lab))
+        atomic_write_text(_state_path(lab), imp.model_dump_json(indent=2))
     return imp
 
 
-def _clear_quietly(impl: Backend, lab: EmulatedLab) -> None:
+def _clear_quietly(impl: Backend, lab: LinkSite) -> None:
     with contextlib.suppress(Exception):  # the original error is the one to report
         impl.clear(lab, {"shaped_ports": [h.port for h in lab.hosts]})

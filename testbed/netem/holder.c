@@ -1,22 +1,32 @@
-/* tb-holder: NFQUEUE packet holder for the userspace impairment backend.
+/* tb-holder: NFQUEUE packet holder of the userspace impairment backend.
  *
- * Binds one or more netfilter queues; every packet queued to QNUM is held DELAY_US (plus a
- * uniform jitter in [-JITTER_US, +JITTER_US], never reordering) and then accepted. Loss is done
- * in the kernel by the rules, not here.
+ * Each bound netfilter queue is one direction of one link. A packet queued there is lost by the
+ * queue's Gilbert-Elliott chain (random loss is a one-state chain), or held for the delay plus a
+ * jitter drawn from the queue's distribution and then accepted, in arrival order (never
+ * reordered). A queue steps through phases (a schedule): phase i applies from AT_US after the
+ * spec was loaded; packets already held keep their release time.
  *
- * Accuracy: the hold is counted from the packet's arrival at the bridge (its kernel receive
- * timestamp, which this process switches on by holding one SO_TIMESTAMP socket), not from when
- * the holder got to read it; and timers are armed early by the running mean of how late this
- * process wakes up, so releases land on time on a busy machine.
+ * Spec file (re-read on SIGHUP: a queue whose phases changed restarts its clock at the reload,
+ * one whose phases are repeated keeps running as it was; queues no longer named are released
+ * and unbound; a queue's LIMIT is fixed when it is first bound):
+ *   generation N
+ *   queue QNUM LIMIT SEED LINK DIRECTION     (SEED 0: seeded from the clock)
+ *   phase QNUM AT_US DELAY_US JITTER_US DIST P R ONE_MINUS_H ONE_MINUS_K
+ * DIST is uniform | normal | pareto | paretonormal (sigma = JITTER_US for the last three).
+ * Every phase change is appended to the --log file as one JSON line stamped with wall-clock
+ * time, and after each load the generation number is written to SPEC.ack.
  *
- * usage: tb-holder [--tag TAG] [--seed N] [--maxlen N] [--rt-prio N] QNUM:DELAY_US:JITTER_US ...
- * --rt-prio N runs it SCHED_FIFO at priority N (else at nice -10), so that a busy CPU does not
- * delay releases: it only ever sleeps in poll(), so it cannot starve the machine.
+ * Accuracy: the hold counts from the packet's kernel receive timestamp (switched on by holding
+ * one SO_TIMESTAMP socket), not from when it was read; timers are armed early by the running
+ * mean of how late this process wakes up; timer slack is 1 ns; --rt-prio runs it SCHED_FIFO.
+ *
+ * usage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] [--log FILE] SPEC
  * Prints "ready" on stdout once every queue is bound; on SIGTERM/SIGINT releases what it holds,
  * prints per-queue counts on stderr and exits 0.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -35,48 +45,116 @@
 #include <libnetfilter_queue/libnetfilter_queue.h>
 
 #define MAX_QUEUES 1024
+#define MAX_EARLY_NS 1000000LL
+enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };
+static const char *DIST_NAMES[] = {"uniform", "normal", "pareto", "paretonormal"};
 
 typedef struct { uint32_t id; uint64_t due; } held_t;
 
 typedef struct {
+    uint64_t at_ns, delay_ns, jitter_ns;
+    int dist;
+    double p, r, one_minus_h, one_minus_k;
+} phase_t;
+
+typedef struct {
     struct nfq_q_handle *qh;
-    int num;
-    uint64_t delay_ns, jitter_ns, last_due;
+    int num, bad, cur; /* bad: Gilbert-Elliott state; cur: phase in force (-1: none yet) */
+    char link[64], direction[8];
+    phase_t *phases, *prev; /* prev: phases before a reload, kept if the reload repeats them */
+    int n_phases, prev_n, prev_cur, prev_bad;
+    uint64_t prev_t0, prev_rng;
+    uint64_t t0, last_due, rng;
     held_t *ring;
     size_t cap, head, tail;
-    unsigned long n_in, n_out, n_full;
-    uint64_t late_ns_sum; /* how late releases were, summed (diagnostics) */
+    unsigned long n_in, n_out, n_lost, n_full, n_late500; /* n_late500: released >0.5 ms late */
+    uint64_t late_ns_sum, late_ns_max;
 } queue_t;
 
-static queue_t queues[MAX_QUEUES];
+static queue_t *queues[MAX_QUEUES];
 static int n_queues;
-static int64_t wake_late_ns; /* running mean of timer lateness, subtracted from new dues */
-#define MAX_EARLY_NS 1000000LL
-static volatile sig_atomic_t stop;
-static uint64_t rng = 88172645463325252ULL;
+static struct nfq_handle *nfq;
+static int64_t wake_late_ns;
+static volatile sig_atomic_t stop, reload;
+static uint64_t seed;
+static FILE *change_log;
 
-static uint64_t xorshift(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return rng;
-}
-
-static uint64_t now_ns(void) {
+static uint64_t clock_ns(clockid_t c) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(c, &t);
     return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
 }
+static uint64_t now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 
-static uint64_t realtime_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (uint64_t)t.tv_sec * 1000000000ULL + (uint64_t)t.tv_nsec;
+static uint64_t xorshift(uint64_t *s) {
+    *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
+    return *s;
+}
+static double unit(uint64_t *s) { return (double)(xorshift(s) >> 11) / 9007199254740992.0; }
+static double std_normal(uint64_t *s) {
+    double u = unit(s), v = unit(s);
+    return sqrt(-2.0 * log(u > 0 ? u : 1e-300)) * cos(2 * M_PI * v);
+}
+/* Pareto(shape 3, scale 1) moved to mean 0 and scaled to sigma 1. */
+static double std_pareto(uint64_t *s) {
+    double u = unit(s);
+    return (pow(u > 0 ? u : 1e-300, -1.0 / 3.0) - 1.5) / 0.8660254037844386;
+}
+
+/* Signed jitter in ns for one packet. */
+static int64_t jitter(queue_t *q, const phase_t *ph) {
+    if (!ph->jitter_ns) return 0;
+    double j = (double)ph->jitter_ns, x;
+    switch (ph->dist) {
+    case NORMAL: x = std_normal(&q->rng); break;
+    case PARETO: x = std_pareto(&q->rng); break;
+    case PARETONORMAL: x = unit(&q->rng) < 0.25 ? std_pareto(&q->rng) : std_normal(&q->rng); break;
+    default: return (int64_t)(xorshift(&q->rng) % (2 * ph->jitter_ns + 1)) - (int64_t)ph->jitter_ns;
+    }
+    return (int64_t)(x * j);
+}
+
+/* Gilbert-Elliott: lose by the current state's loss rate, then step the chain. */
+static int lose(queue_t *q, const phase_t *ph) {
+    double loss = q->bad ? ph->one_minus_h : ph->one_minus_k;
+    int lost = loss >= 1.0 || (loss > 0 && unit(&q->rng) < loss);
+    if (q->bad ? unit(&q->rng) < ph->r : (ph->p > 0 && unit(&q->rng) < ph->p)) q->bad = !q->bad;
+    return lost;
+}
+
+static void log_phase(queue_t *q, const phase_t *ph, unsigned long generation) {
+    if (!change_log) return;
+    fprintf(change_log,
+            "{\"at\": %.6f, \"generation\": %lu, \"queue\": %d, \"link\": \"%s\", "
+            "\"direction\": \"%s\", \"phase\": %d, \"delay_us\": %.3f, \"jitter_us\": %.3f, "
+            "\"jitter_dist\": \"%s\", \"p\": %.9g, \"r\": %.9g, \"1-h\": %.9g, \"1-k\": %.9g}\n",
+            clock_ns(CLOCK_REALTIME) / 1e9, generation, q->num, q->link, q->direction, q->cur,
+            ph->delay_ns / 1e3, ph->jitter_ns / 1e3, DIST_NAMES[ph->dist], ph->p, ph->r,
+            ph->one_minus_h, ph->one_minus_k);
+    fflush(change_log);
+}
+
+static unsigned long generation;
+
+/* Move each queue to the phase in force at `t`; returns the next phase change time. */
+static uint64_t advance_phases(uint64_t t) {
+    uint64_t next = UINT64_MAX;
+    for (int i = 0; i < n_queues; i++) {
+        queue_t *q = queues[i];
+        int was = q->cur;
+        while (q->cur + 1 < q->n_phases && q->t0 + q->phases[q->cur + 1].at_ns <= t) q->cur++;
+        if (q->cur != was) log_phase(q, &q->phases[q->cur], generation);
+        if (q->cur + 1 < q->n_phases && q->t0 + q->phases[q->cur + 1].at_ns < next)
+            next = q->t0 + q->phases[q->cur + 1].at_ns;
+    }
+    return next;
 }
 
 /* Monotonic time the packet reached the bridge, from its kernel timestamp; `now` if absent. */
 static uint64_t arrival_ns(struct nfq_data *nfa, uint64_t now) {
     struct timeval tv;
     if (nfq_get_timestamp(nfa, &tv) != 0 || tv.tv_sec == 0) return now;
-    int64_t offset = (int64_t)realtime_ns() - (int64_t)now_ns();
+    int64_t offset = (int64_t)clock_ns(CLOCK_REALTIME) - (int64_t)now;
     int64_t at = (int64_t)tv.tv_sec * 1000000000LL + (int64_t)tv.tv_usec * 1000LL - offset;
     if (at > (int64_t)now || (int64_t)now - at > 100000000LL) return now; /* implausible */
     return (uint64_t)at;
@@ -86,80 +164,217 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
                      void *data) {
     (void)msg;
     queue_t *q = data;
-    struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
-    uint32_t id = ntohl(ph->packet_id);
+    uint32_t id = ntohl(nfq_get_msg_packet_hdr(nfa)->packet_id);
+    uint64_t now = now_ns();
+    advance_phases(now);
+    const phase_t *ph = &q->phases[q->cur < 0 ? 0 : q->cur];
     q->n_in++;
+    if (lose(q, ph)) {
+        q->n_lost++;
+        return nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
+    }
     size_t next = (q->tail + 1) % q->cap;
     if (next == q->head) { /* full: drop rather than pass it unimpaired */
         q->n_full++;
         return nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
     }
-    uint64_t now = now_ns();
-    int64_t early = wake_late_ns < (int64_t)q->delay_ns ? wake_late_ns : (int64_t)q->delay_ns;
-    uint64_t due = arrival_ns(nfa, now) + q->delay_ns - (uint64_t)early;
-    if (q->jitter_ns) due = due - q->jitter_ns + xorshift() % (2 * q->jitter_ns + 1);
-    if (due < q->last_due) due = q->last_due; /* FIFO: no reordering */
-    q->last_due = due;
+    uint64_t at = arrival_ns(nfa, now);
+    int64_t early = wake_late_ns < (int64_t)ph->delay_ns ? wake_late_ns : (int64_t)ph->delay_ns;
+    int64_t due = (int64_t)at + (int64_t)ph->delay_ns - early + jitter(q, ph);
+    if (due < (int64_t)at) due = (int64_t)at;
+    if ((uint64_t)due < q->last_due) due = (int64_t)q->last_due; /* FIFO: no reordering */
+    q->last_due = (uint64_t)due;
     q->ring[q->tail].id = id;
-    q->ring[q->tail].due = due;
+    q->ring[q->tail].due = (uint64_t)due;
     q->tail = next;
     return 0;
 }
 
-/* Accept every held packet that is due (all of them if `all`); returns the earliest due left. */
+static void release_queue(queue_t *q, int all, uint64_t t) {
+    while (q->head != q->tail && (all || q->ring[q->head].due <= t)) {
+        if (!all) {
+            int64_t late = (int64_t)(t - q->ring[q->head].due);
+            q->late_ns_sum += (uint64_t)late;
+            if ((uint64_t)late > q->late_ns_max) q->late_ns_max = (uint64_t)late;
+            if (late > 500000) q->n_late500++;
+            wake_late_ns += (late - wake_late_ns) / 16;
+            if (wake_late_ns > MAX_EARLY_NS) wake_late_ns = MAX_EARLY_NS;
+        }
+        nfq_set_verdict(q->qh, q->ring[q->head].id, NF_ACCEPT, 0, NULL);
+        q->n_out++;
+        q->head = (q->head + 1) % q->cap;
+    }
+}
+
+/* Accept every held packet that is due (all if `all`); returns the earliest due left. */
 static uint64_t release(int all) {
     uint64_t t = now_ns(), next = UINT64_MAX;
     for (int i = 0; i < n_queues; i++) {
-        queue_t *q = &queues[i];
-        while (q->head != q->tail && (all || q->ring[q->head].due <= t)) {
-            if (!all && q->ring[q->head].due <= t) {
-                int64_t late = (int64_t)(t - q->ring[q->head].due);
-                q->late_ns_sum += (uint64_t)late;
-                wake_late_ns += (late - wake_late_ns) / 16;
-                if (wake_late_ns > MAX_EARLY_NS) wake_late_ns = MAX_EARLY_NS;
-            }
-            nfq_set_verdict(q->qh, q->ring[q->head].id, NF_ACCEPT, 0, NULL);
-            q->n_out++;
-            q->head = (q->head + 1) % q->cap;
-        }
+        queue_t *q = queues[i];
+        release_queue(q, all, t);
         if (q->head != q->tail && q->ring[q->head].due < next) next = q->ring[q->head].due;
     }
     return next;
 }
 
-static void on_signal(int sig) { (void)sig; stop = 1; }
+static void print_counts(const queue_t *q) {
+    fprintf(stderr,
+            "queue=%d link=%s/%s in=%lu out=%lu lost=%lu full=%lu late_us_mean=%.1f "
+            "late_us_max=%.1f late_over_500us=%lu\n",
+            q->num, q->link, q->direction, q->n_in, q->n_out, q->n_lost, q->n_full,
+            q->n_out ? q->late_ns_sum / 1e3 / q->n_out : 0.0, q->late_ns_max / 1e3, q->n_late500);
+}
+
+static void drop_queue(int i) {
+    queue_t *q = queues[i];
+    release_queue(q, 1, now_ns());
+    print_counts(q);
+    nfq_destroy_queue(q->qh);
+    free(q->ring);
+    free(q->phases);
+    free(q->prev);
+    free(q);
+    queues[i] = queues[--n_queues];
+}
+
+static queue_t *find_queue(int num) {
+    for (int i = 0; i < n_queues; i++)
+        if (queues[i]->num == num) return queues[i];
+    return NULL;
+}
+
+static int same_phase(const phase_t *a, const phase_t *b) {
+    return a->at_ns == b->at_ns && a->delay_ns == b->delay_ns && a->jitter_ns == b->jitter_ns &&
+           a->dist == b->dist && a->p == b->p && a->r == b->r &&
+           a->one_minus_h == b->one_minus_h && a->one_minus_k == b->one_minus_k;
+}
+
+/* A queue whose phases a reload repeats keeps its clock, phase, chain state and random stream,
+ * so changing one link does not restart the schedules of the others. */
+static void keep_if_unchanged(queue_t *q) {
+    int same = q->prev && q->prev_n == q->n_phases;
+    for (int i = 0; same && i < q->n_phases; i++) same = same_phase(&q->prev[i], &q->phases[i]);
+    if (same) {
+        free(q->phases);
+        q->phases = q->prev;
+        q->cur = q->prev_cur;
+        q->bad = q->prev_bad;
+        q->t0 = q->prev_t0;
+        q->rng = q->prev_rng;
+    } else {
+        free(q->prev);
+    }
+    q->prev = NULL;
+}
+
+static int parse_dist(const char *s) {
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(s, DIST_NAMES[i])) return i;
+    return -1;
+}
+
+/* Read SPEC: bind new queues, replace every queue's phases, unbind queues not named. */
+static int load_spec(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) { fprintf(stderr, "tb-holder: cannot open %s: %s\n", path, strerror(errno)); return -1; }
+    char line[512], link[64], dir[8], dist[16];
+    int named[MAX_QUEUES], n_named = 0, num, rc = 0;
+    unsigned long limit;
+    unsigned long long qseed;
+    unsigned long long at, d, j;
+    double p, r, h, k;
+    uint64_t t0 = now_ns();
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "generation %lu", &generation) == 1) continue;
+        if (sscanf(line, "queue %d %lu %llu %63s %7s", &num, &limit, &qseed, link, dir) == 5) {
+            queue_t *q = find_queue(num);
+            if (!q) {
+                if (n_queues >= MAX_QUEUES) { rc = -1; break; }
+                q = calloc(1, sizeof *q);
+                if (!q) { rc = -1; break; }
+                q->num = num;
+                q->cap = (size_t)limit + 1;
+                q->ring = calloc(q->cap, sizeof(held_t));
+                q->qh = q->ring ? nfq_create_queue(nfq, (uint16_t)num, on_packet, q) : NULL;
+                if (!q->qh || nfq_set_mode(q->qh, NFQNL_COPY_META, 0) < 0 ||
+                    nfq_set_queue_maxlen(q->qh, (uint32_t)limit) < 0) {
+                    fprintf(stderr, "tb-holder: cannot bind queue %d: %s\n", num, strerror(errno));
+                    free(q->ring);
+                    free(q);
+                    rc = -1;
+                    break;
+                }
+                queues[n_queues++] = q;
+            }
+            snprintf(q->link, sizeof q->link, "%s", link);
+            snprintf(q->direction, sizeof q->direction, "%s", dir);
+            free(q->prev);
+            q->prev = q->phases;
+            q->prev_n = q->n_phases;
+            q->prev_cur = q->cur;
+            q->prev_bad = q->bad;
+            q->prev_t0 = q->t0;
+            q->prev_rng = q->rng;
+            q->rng = (qseed ? qseed : seed ? seed : now_ns()) * 2654435761ULL + (uint64_t)num * 0x9E3779B97F4A7C15ULL + 1;
+            q->phases = NULL;
+            q->n_phases = 0;
+            q->cur = -1;
+            q->bad = 0;
+            q->t0 = t0;
+            if (n_named < MAX_QUEUES) named[n_named++] = num;
+            continue;
+        }
+        if (sscanf(line, "phase %d %llu %llu %llu %15s %lf %lf %lf %lf", &num, &at, &d, &j, dist, &p,
+                   &r, &h, &k) == 9) {
+            queue_t *q = find_queue(num);
+            int di = parse_dist(dist);
+            if (!q || di < 0) { fprintf(stderr, "tb-holder: bad phase: %s", line); rc = -1; break; }
+            phase_t *grown = realloc(q->phases, (size_t)(q->n_phases + 1) * sizeof(phase_t));
+            if (!grown) { rc = -1; break; }
+            q->phases = grown;
+            q->phases[q->n_phases++] = (phase_t){at * 1000ULL, d * 1000ULL, j * 1000ULL, di, p, r, h, k};
+            continue;
+        }
+        if (line[0] != '\n' && line[0] != '#') { fprintf(stderr, "tb-holder: bad line: %s", line); rc = -1; break; }
+    }
+    fclose(f);
+    for (int i = 0; i < n_queues; i++) keep_if_unchanged(queues[i]);
+    for (int i = n_queues - 1; i >= 0; i--) {
+        int keep = 0;
+        for (int n = 0; n < n_named; n++) keep |= queues[i]->num == named[n];
+        if (!keep || queues[i]->n_phases == 0) drop_queue(i);
+    }
+    advance_phases(now_ns());
+    char ack[4096];
+    snprintf(ack, sizeof ack, "%s.ack", path);
+    FILE *a = fopen(ack, "w");
+    if (a) { fprintf(a, "%lu %s\n", generation, rc ? "error" : "ok"); fclose(a); }
+    return rc;
+}
+
+static void on_signal(int sig) {
+    if (sig == SIGHUP) reload = 1;
+    else stop = 1;
+}
 
 static int usage(const char *msg) {
-    fprintf(stderr, "tb-holder: %s\nusage: tb-holder [--tag TAG] [--seed N] [--maxlen N] "
-                    "[--rt-prio N] QNUM:DELAY_US:JITTER_US ...\n", msg);
+    fprintf(stderr, "tb-holder: %s\nusage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] "
+                    "[--log FILE] SPEC\n", msg);
     return 2;
 }
 
 int main(int argc, char **argv) {
-    uint32_t maxlen = 65536;
-    uint64_t seed = 0;
-    int have_seed = 0, rt_prio = 0;
-    struct { int num; unsigned long long d, j; } spec[MAX_QUEUES];
-    int n_spec = 0;
+    int rt_prio = 0;
+    const char *spec = NULL, *log_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tag") && i + 1 < argc) { i++; continue; }
-        if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
-            seed = strtoull(argv[++i], NULL, 10); have_seed = 1; continue;
-        }
-        if (!strcmp(argv[i], "--rt-prio") && i + 1 < argc) {
-            rt_prio = atoi(argv[++i]); continue;
-        }
-        if (!strcmp(argv[i], "--maxlen") && i + 1 < argc) {
-            maxlen = (uint32_t)strtoul(argv[++i], NULL, 10); continue;
-        }
-        if (n_spec >= MAX_QUEUES) return usage("too many queues");
-        if (sscanf(argv[i], "%d:%llu:%llu", &spec[n_spec].num, &spec[n_spec].d,
-                   &spec[n_spec].j) != 3)
-            return usage("bad queue spec");
-        n_spec++;
+        if (!strcmp(argv[i], "--seed") && i + 1 < argc) { seed = strtoull(argv[++i], NULL, 10) + 1; continue; }
+        if (!strcmp(argv[i], "--rt-prio") && i + 1 < argc) { rt_prio = atoi(argv[++i]); continue; }
+        if (!strcmp(argv[i], "--log") && i + 1 < argc) { log_path = argv[++i]; continue; }
+        if (spec) return usage("more than one spec file");
+        spec = argv[i];
     }
-    if (!n_spec) return usage("no queue given");
-    rng ^= have_seed ? seed * 2654435761ULL + 1 : now_ns();
+    if (!spec) return usage("no spec file");
     prctl(PR_SET_TIMERSLACK, 1UL);
     if (rt_prio > 0) {
         struct sched_param sp = {.sched_priority = rt_prio};
@@ -168,33 +383,22 @@ int main(int argc, char **argv) {
             setpriority(PRIO_PROCESS, 0, -10);
         }
     }
-    signal(SIGTERM, on_signal);
-    signal(SIGINT, on_signal);
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-
-    struct nfq_handle *h = nfq_open();
-    if (!h) { perror("tb-holder: nfq_open"); return 1; }
-    for (int i = 0; i < n_spec; i++) {
-        queue_t *q = &queues[i];
-        q->num = spec[i].num;
-        q->delay_ns = spec[i].d * 1000ULL;
-        q->jitter_ns = spec[i].j * 1000ULL;
-        q->cap = (size_t)maxlen + 1;
-        q->ring = calloc(q->cap, sizeof(held_t));
-        if (!q->ring) { perror("tb-holder: calloc"); return 1; }
-        q->qh = nfq_create_queue(h, (uint16_t)q->num, on_packet, q);
-        if (!q->qh) {
-            fprintf(stderr, "tb-holder: cannot bind queue %d: %s\n", q->num, strerror(errno));
-            return 1;
-        }
-        if (nfq_set_mode(q->qh, NFQNL_COPY_META, 0) < 0 || nfq_set_queue_maxlen(q->qh, maxlen) < 0) {
-            fprintf(stderr, "tb-holder: cannot configure queue %d\n", q->num);
-            return 1;
-        }
-        n_queues++;
+    if (log_path && !(change_log = fopen(log_path, "a"))) {
+        fprintf(stderr, "tb-holder: cannot open log %s: %s\n", log_path, strerror(errno));
+        return 1;
     }
-    nfnl_rcvbufsiz(nfq_nfnlh(h), 64 << 20);
-    int fd = nfq_fd(h);
+
+    nfq = nfq_open();
+    if (!nfq) { perror("tb-holder: nfq_open"); return 1; }
+    if (load_spec(spec) != 0) return 1;
+    nfnl_rcvbufsiz(nfq_nfnlh(nfq), 64 << 20);
+    int fd = nfq_fd(nfq);
     int one = 1;
     setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one);
     /* Kernel receive timestamps on every packet (see the header), for as long as we run. */
@@ -210,7 +414,12 @@ int main(int argc, char **argv) {
     static char buf[1 << 16] __attribute__((aligned));
     struct pollfd pfd[2] = {{fd, POLLIN, 0}, {tfd, POLLIN, 0}};
     while (!stop) {
-        uint64_t next = release(0);
+        if (reload) {
+            reload = 0;
+            if (load_spec(spec) != 0) fprintf(stderr, "tb-holder: reload failed; kept going\n");
+        }
+        uint64_t next = release(0), change = advance_phases(now_ns());
+        if (change < next) next = change;
         struct itimerspec its = {0};
         if (next != UINT64_MAX) {
             its.it_value.tv_sec = (time_t)(next / 1000000000ULL);
@@ -227,18 +436,13 @@ int main(int argc, char **argv) {
             for (;;) {
                 int n = (int)recv(fd, buf, sizeof buf, MSG_DONTWAIT);
                 if (n <= 0) break;
-                nfq_handle_packet(h, buf, n);
+                nfq_handle_packet(nfq, buf, n);
                 release(0);
             }
         }
     }
     release(1);
-    for (int i = 0; i < n_queues; i++) {
-        fprintf(stderr, "queue=%d in=%lu out=%lu full=%lu late_us_mean=%.1f\n", queues[i].num,
-                queues[i].n_in, queues[i].n_out, queues[i].n_full,
-                queues[i].n_out ? queues[i].late_ns_sum / 1e3 / queues[i].n_out : 0.0);
-        nfq_destroy_queue(queues[i].qh);
-    }
-    nfq_close(h);
+    while (n_queues) drop_queue(n_queues - 1);
+    nfq_close(nfq);
     return 0;
 }

@@ -3,35 +3,44 @@
 With br_netfilter on in the bridge namespace, bridged IPv4 packets cross iptables. For each
 impaired device, in the mangle table:
 - chain TB-UP (jumped to from PREROUTING): packets entering from the device's port towards the
-  server are dropped with probability loss_up (`-m statistic`, or a plain DROP at 100 %), then
-  queued to the holder, which releases them rtt/2 later;
+  server are queued to the holder (one queue per direction of each link);
 - chain TB-DOWN (from POSTROUTING): packets from the server leaving by the device's port, alike.
+The holder (holder.c) does loss (random or Gilbert-Elliott, seeded), delay, jitter and the
+profile's schedule, so one path serves every profile; rate limits are HTB classes (`shaper`).
 Only device <-> server packets match (the server's address is in every rule), so the
 controller's SSH to every host is never impaired. Holding happens at a forwarding point, never
-on a sender's OUTPUT chain (that collapses TCP). One holder process serves every queue.
+on a sender's OUTPUT chain (that collapses TCP). One holder process serves every queue; a new
+apply rewrites its spec file and signals it (SIGHUP), so profiles change while agents run
+without dropping held packets, and each change lands time-stamped in `link-changes.jsonl`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import select
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from testbed.errors import ImpairmentError, PrivilegeError
 from testbed.lab import naming
 from testbed.lab.discover import kill_pids, pid_alive, tagged_processes
-from testbed.lab.emulated import EmulatedLab
+from testbed.lab.interface import LinkSite
 from testbed.lab.spec import LabHost
 from testbed.lab.system import SystemRunner
 from testbed.netem import shaper
 from testbed.netem.holder_build import Holder, find_holder
 from testbed.netem.profile import LinkProfile
+from testbed.netem.schedule import timeline
 from testbed.netem.shaper import indexed_devices
 
 CHAIN_UP, CHAIN_DOWN = "TB-UP", "TB-DOWN"
 QUEUE_BASE = 100
 HOLDER_READY_TIMEOUT_S = 10.0
+SPEC_FILE, CHANGES_FILE = "holder.spec", "link-changes.jsonl"
 HOLDER_RT_PRIO = 20  # SCHED_FIFO: releases on time even when agents load every CPU
 _children: dict[int, subprocess.Popen[bytes]] = {}  # holders this process started (to reap)
 
@@ -50,6 +59,44 @@ def delay_us(profile: LinkProfile) -> int:
     return round(profile.one_way_ms * 1000)
 
 
+def holder_spec(
+    generation: int, devices: list[tuple[int, LabHost]], profiles: dict[str, LinkProfile]
+) -> str:
+    """The holder's spec file (format in holder.c): each queue and the phases it steps through."""
+    lines = [f"generation {generation}"]
+    for index, dev in devices:
+        prof = profiles.get(dev.name)
+        if prof is None:
+            continue
+        phases = timeline(prof)
+        seed = 0 if prof.seed is None else prof.seed + 1
+        for direction, queue in zip(("up", "down"), queue_numbers(index), strict=True):
+            lines.append(f"queue {queue} {prof.queue_limit} {seed} {dev.name} {direction}")
+            for ph in phases:
+                ge = ph.profile.gilbert_elliott(direction)  # type: ignore[arg-type]
+                lines.append(
+                    f"phase {queue} {round(ph.at_s * 1e6)} {delay_us(ph.profile)} "
+                    f"{round(ph.profile.jitter_ms * 1000)} {ph.profile.jitter_dist} "
+                    f"{ge.p:.12g} {ge.r:.12g} {ge.one_minus_h:.12g} {ge.one_minus_k:.12g}"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def link_changes(lab: LinkSite) -> list[dict[str, object]]:
+    """Every profile change the holder applied in `lab` (one dict per link direction and phase,
+    `at` in Unix seconds), oldest first; empty when none was logged."""
+    path = lab.runtime_dir / CHANGES_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _generation(spec: Path) -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(spec.read_text().split()[1])
+    return 0
+
+
 @dataclass(frozen=True)
 class Rule:
     """One expected rule, kept structured so it can be both written and verified."""
@@ -59,42 +106,33 @@ class Rule:
     port: str
     src: str
     dst: str
-    loss: float | None = None  # DROP rule with this probability (1.0: plain DROP)
-    queue: int | None = None  # NFQUEUE rule to this queue
+    queue: int  # NFQUEUE rule to this queue
 
     def args(self) -> list[str]:
         physdev = "--physdev-in" if self.chain == CHAIN_UP else "--physdev-out"
         out = ["-A", self.chain, "-s", f"{self.src}/32", "-d", f"{self.dst}/32"]
         out += ["-m", "physdev", physdev, self.port]
-        if self.loss is not None:
-            if self.loss < 1:
-                out += ["-m", "statistic", "--mode", "random", "--probability", f"{self.loss:.10f}"]
-            out += ["-j", "DROP"]
-        else:
-            out += ["-j", "NFQUEUE", "--queue-num", str(self.queue)]
-        return out
+        return out + ["-j", "NFQUEUE", "--queue-num", str(self.queue)]
 
 
 def plan_rules(
     server: LabHost, devices: list[tuple[int, LabHost]], profiles: dict[str, LinkProfile]
 ) -> list[Rule]:
-    """Rules for every impaired device: loss first, then the hold."""
+    """One queue rule per direction of every device the holder must impair."""
     rules = []
     for index, dev in devices:
         prof = profiles.get(dev.name)
-        if prof is None:
+        if prof is None or not needs_holder(prof):
             continue
         q_up, q_down = queue_numbers(index)
-        for chain, src, dst, loss, queue in (
-            (CHAIN_UP, dev.ip, server.ip, prof.up_loss, q_up),
-            (CHAIN_DOWN, server.ip, dev.ip, prof.down_loss, q_down),
-        ):
-            base = dict(chain=chain, device=dev.name, port=dev.port, src=src, dst=dst)
-            if loss > 0:
-                rules.append(Rule(**base, loss=loss))
-            if prof.rtt_ms > 0 and loss < 1:
-                rules.append(Rule(**base, queue=queue))
+        rules.append(Rule(CHAIN_UP, dev.name, dev.port, dev.ip, server.ip, q_up))
+        rules.append(Rule(CHAIN_DOWN, dev.name, dev.port, server.ip, dev.ip, q_down))
     return rules
+
+
+def needs_holder(profile: LinkProfile) -> bool:
+    """False for a profile that only limits the rate (HTB does that alone)."""
+    return not profile.model_copy(update={"rate_mbit": None}).is_null
 
 
 def restore_text(rules: list[Rule]) -> str:
@@ -106,35 +144,36 @@ def restore_text(rules: list[Rule]) -> str:
 
 
 class NfqueueBackend:
-    """The userspace backend; `holder` picks the C or Python holder ('auto' prefers C)."""
+    """The userspace backend: iptables NFQUEUE rules in the bridge namespace, one compiled
+    packet holder serving every queue."""
 
     name = "nfqueue"
 
-    def __init__(self, runner: SystemRunner, holder: str = "auto") -> None:
+    def __init__(self, runner: SystemRunner) -> None:
         self.runner = runner
-        self.holder_pref = holder
 
     # --- apply / clear ---------------------------------------------------------------------
 
-    def apply(self, lab: EmulatedLab, profiles: dict[str, LinkProfile]) -> dict[str, object]:
+    def apply(self, lab: LinkSite, profiles: dict[str, LinkProfile]) -> dict[str, object]:
         """Replace the whole impairment of `lab` by `profiles`; returns backend state to keep."""
         r, sw = self.runner, lab.bridge_netns
         devices = indexed_devices(lab, profiles)
         self._enable_br_netfilter(sw)
         self._ensure_chains(sw)
-        self._flush(sw)
-        self._stop_holder(lab)
         rules = plan_rules(lab.server, devices, profiles)
-        queues = {rule.queue: profiles[rule.device] for rule in rules if rule.queue is not None}
+        queued = {rule.device for rule in rules}
         state: dict[str, object] = {"holder_pid": None, "holder": None, "shaped_ports": []}
-        if queues:
-            holder = (
-                Holder("c", ("tb-holder",))  # dry-run: nothing is compiled or started
-                if r.dry_run
-                else find_holder(self.holder_pref)  # type: ignore[arg-type]
+        if queued:
+            spec = holder_spec(
+                _generation(lab.runtime_dir / SPEC_FILE) + 1,
+                devices,
+                {k: v for k, v in profiles.items() if k in queued},
             )
-            state["holder"] = holder.kind
-            state["holder_pid"] = self._start_holder(lab, holder, queues)
+            state["holder"] = "c"
+            state["holder_pid"] = self._reload_holder(lab, spec) or self._start_holder(lab, spec)
+        else:
+            self._flush(sw)
+            self._stop_holder(lab)
         cmds, ports = shaper.htb_commands(lab.server, devices, profiles)
         state["shaped_ports"] = ports
         shaper.reset(r, sw)
@@ -148,7 +187,7 @@ class NfqueueBackend:
         )
         return state
 
-    def clear(self, lab: EmulatedLab, state: dict[str, object]) -> None:
+    def clear(self, lab: LinkSite, state: dict[str, object]) -> None:
         """Remove every rule, shaper and holder of `lab`."""
         sw = lab.bridge_netns
         self._flush(sw)
@@ -158,7 +197,7 @@ class NfqueueBackend:
     # --- verification ----------------------------------------------------------------------
 
     def verify(
-        self, lab: EmulatedLab, profiles: dict[str, LinkProfile], state: dict[str, object]
+        self, lab: LinkSite, profiles: dict[str, LinkProfile], state: dict[str, object]
     ) -> None:
         """Raise ImpairmentError unless the rules, queues and holder are all in place."""
         if self.runner.dry_run:
@@ -174,7 +213,7 @@ class NfqueueBackend:
             problems.append(f"{extra} unexpected rule(s) in {CHAIN_UP}/{CHAIN_DOWN}")
         if rules and not self._jumps_present(sw):
             problems.append(f"PREROUTING/POSTROUTING do not jump to {CHAIN_UP}/{CHAIN_DOWN}")
-        queues = {r.queue for r in rules if r.queue is not None}
+        queues = {r.queue for r in rules}
         if queues:
             pid = state.get("holder_pid")
             if not isinstance(pid, int) or not pid_alive(pid):
@@ -193,7 +232,7 @@ class NfqueueBackend:
                 f"impairment of lab {lab.name} not in place: " + "; ".join(problems)
             )
 
-    def verify_clear(self, lab: EmulatedLab) -> None:
+    def verify_clear(self, lab: LinkSite) -> None:
         if self.runner.dry_run:
             return
         saved = self._saved_rules(lab.bridge_netns)
@@ -266,19 +305,54 @@ class NfqueueBackend:
                 bound.add(int(parts[0]))
         return bound
 
-    def _start_holder(
-        self, lab: EmulatedLab, holder: Holder, queues: dict[int, LinkProfile]
-    ) -> int | None:
-        specs = [
-            f"{q}:{delay_us(p)}:{round(p.jitter_ms * 1000)}" for q, p in sorted(queues.items())
-        ]
-        seeds = [p.seed for p in queues.values() if p.seed is not None]
+    def _write_spec(self, lab: LinkSite, spec: str) -> Path:
+        path = lab.runtime_dir / SPEC_FILE
+        if not self.runner.dry_run:
+            path.with_name(path.name + ".ack").unlink(missing_ok=True)
+        self.runner.write_file(path, spec)
+        return path
+
+    def _reload_holder(self, lab: LinkSite, spec: str) -> int | None:
+        """Hand a running holder the new spec (SIGHUP); its pid, or None if none is running."""
+        if self.runner.dry_run:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((lab.runtime_dir / "holder.pid").read_text())
+            if pid_alive(pid):
+                path = self._write_spec(lab, spec)
+                self.runner.kill(pid, signal.SIGHUP)
+                ack = path.with_name(path.name + ".ack")
+                want = spec.split()[1]
+                deadline = time.monotonic() + HOLDER_READY_TIMEOUT_S
+                while time.monotonic() < deadline:
+                    with contextlib.suppress(OSError):
+                        got = ack.read_text().split()
+                        if got[:1] == [want]:
+                            if got[1:] != ["ok"]:
+                                raise ImpairmentError(self._holder_failure(lab, "reload"))
+                            return pid
+                    time.sleep(0.005)
+                raise ImpairmentError(self._holder_failure(lab, "reload (no answer)"))
+        return None
+
+    def _holder_failure(self, lab: LinkSite, what: str) -> str:
+        log = lab.runtime_dir / "holder.log"
+        tail = log.read_text()[-500:].strip() if log.exists() else ""
+        return f"packet holder {what} failed in {lab.bridge_netns}: {tail}"
+
+    def _start_holder(self, lab: LinkSite, spec: str) -> int | None:
+        self._stop_holder(lab)
+        holder = (
+            Holder("c", ("tb-holder",))  # dry-run: nothing is compiled or started
+            if self.runner.dry_run
+            else find_holder()
+        )
+        path = self._write_spec(lab, spec)
         argv = [*holder.argv, "--tag", holder_tag(lab.name), "--rt-prio", str(HOLDER_RT_PRIO)]
-        if seeds:
-            argv += ["--seed", str(seeds[0])]
+        argv += ["--log", str(lab.runtime_dir / CHANGES_FILE), str(path)]
         log = lab.runtime_dir / "holder.log"
         proc = self.runner.spawn(
-            argv + specs, netns=lab.bridge_netns, stdout=subprocess.PIPE, stderr_path=log
+            argv, netns=lab.bridge_netns, stdout=subprocess.PIPE, stderr_path=log
         )
         if proc is None:  # dry-run
             return None
@@ -289,15 +363,12 @@ class NfqueueBackend:
         if line != "ready":
             proc.kill()
             proc.wait()
-            tail = log.read_text()[-500:] if log.exists() else ""
-            raise ImpairmentError(
-                f"{holder.kind} packet holder did not start in {lab.bridge_netns}: {tail.strip()}"
-            )
+            raise ImpairmentError(self._holder_failure(lab, "start"))
         _children[proc.pid] = proc
         (lab.runtime_dir / "holder.pid").write_text(str(proc.pid))
         return proc.pid
 
-    def _stop_holder(self, lab: EmulatedLab) -> None:
+    def _stop_holder(self, lab: LinkSite) -> None:
         """Stop the lab's holder: the one in the pid file and any other tagged as the lab's."""
         if self.runner.dry_run:
             return
@@ -313,7 +384,7 @@ class NfqueueBackend:
 
 
 def _matches(rule: Rule, line: str) -> bool:
-    """Does an iptables-save line implement `rule`? (save normalises number formats)"""
+    """Does an iptables-save line implement `rule`?"""
     words = line.split()
 
     def after(flag: str) -> str | None:
@@ -324,11 +395,4 @@ def _matches(rule: Rule, line: str) -> bool:
         return False
     if after("-s") != f"{rule.src}/32" or after("-d") != f"{rule.dst}/32":
         return False
-    if rule.queue is not None:
-        return after("-j") == "NFQUEUE" and after("--queue-num") == str(rule.queue)
-    if after("-j") != "DROP":
-        return False
-    prob = after("--probability")
-    if rule.loss is not None and rule.loss >= 1:
-        return prob is None
-    return prob is not None and abs(float(prob) - (rule.loss or 0)) < 1e-6
+    return after("-j") == "NFQUEUE" and after("--queue-num") == str(rule.queue)

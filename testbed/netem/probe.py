@@ -14,12 +14,13 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
 from testbed.errors import ImpairmentError
 from testbed.lab import naming
-from testbed.lab.emulated import EmulatedLab
+from testbed.lab.interface import LinkSite
 from testbed.lab.spec import LabHost
 from testbed.lab.system import SystemRunner
 from testbed.netem import stats
@@ -131,7 +132,7 @@ def summarize(
     )
 
 
-def _requested(lab: EmulatedLab, device: str) -> LinkProfile:
+def _requested(lab: LinkSite, device: str) -> LinkProfile:
     from testbed.netem.api import current
 
     imp = current(lab)
@@ -140,16 +141,46 @@ def _requested(lab: EmulatedLab, device: str) -> LinkProfile:
     return imp.profiles.get(device, LinkProfile())
 
 
+class RawProbe(BaseModel):
+    """What one probe saw, packet by packet: sequence numbers in the order they arrived."""
+
+    device: str
+    sent: int
+    at_server: list[int]  # measurement packets the server received, in arrival order
+    rtt_ms: dict[int, float]  # echoes back at the device, in arrival order
+    warmup_s: float
+    rx_span_s: float = 0.0  # first to last echo
+    rx_bytes: int = 0  # UDP payload bytes echoed back
+
+    @property
+    def echo_mbit_s(self) -> float | None:
+        """Payload throughput of the echoes (both directions crossed the link)."""
+        return self.rx_bytes * 8 / self.rx_span_s / 1e6 if self.rx_span_s > 0 else None
+
+
 def probe_link(
-    lab: EmulatedLab,
+    lab: LinkSite, device: str | LabHost, requested: LinkProfile | None = None, **how: Any
+) -> ProbeResult:
+    """Probe one device's link to the server; `requested` defaults to what is applied now.
+
+    `how`: the keyword arguments of `probe_packets` (count, interval_ms, size, runner).
+    """
+    dev = device if isinstance(device, LabHost) else lab.host(device)
+    requested = requested if requested is not None else _requested(lab, dev.name)
+    raw = probe_packets(lab, dev, requested, **how)
+    return summarize(dev.name, requested, raw.sent, raw.at_server, raw.rtt_ms, raw.warmup_s)
+
+
+def probe_packets(
+    lab: LinkSite,
     device: str | LabHost,
     requested: LinkProfile | None = None,
     count: int = 200,
     interval_ms: float = 10.0,
     size: int = 64,
     runner: SystemRunner | None = None,
-) -> ProbeResult:
-    """Probe one device's link to the server; `requested` defaults to what is applied now."""
+) -> RawProbe:
+    """Send `count` numbered datagrams device -> server -> device; what arrived, in order."""
     runner = runner or lab.runner
     dev = device if isinstance(device, LabHost) else lab.host(device)
     if dev.role != "device":
@@ -171,7 +202,7 @@ def probe_link(
     ]  # fmt: skip
     if echo is None:  # dry-run
         runner.run(send_argv, netns=dev.netns)
-        return summarize(dev.name, requested, count, list(range(count)), {})
+        return RawProbe(device=dev.name, sent=count, at_server=[], rtt_ms={}, warmup_s=0.0)
     try:
         assert echo.stdout is not None
         ready, _, _ = select.select([echo.stdout], [], [], 10)
@@ -192,11 +223,19 @@ def probe_link(
     except (IndexError, ValueError, KeyError) as exc:
         raise ImpairmentError(f"probe responder on {lab.server.name} gave no count") from exc
     rtts = {int(k): float(v) for k, v in sent["rtt_ms"].items()}
-    return summarize(dev.name, requested, int(sent["sent"]), at_server, rtts, sent["warmup_s"])
+    return RawProbe(
+        device=dev.name,
+        sent=int(sent["sent"]),
+        at_server=at_server,
+        rtt_ms=rtts,
+        warmup_s=sent["warmup_s"],
+        rx_span_s=sent.get("rx_span_s", 0.0),
+        rx_bytes=sent.get("rx_bytes", 0),
+    )
 
 
 def probe_links(
-    lab: EmulatedLab,
+    lab: LinkSite,
     devices: list[str | LabHost] | None = None,
     requested: LinkProfile | None = None,
     count: int = 200,
@@ -207,7 +246,8 @@ def probe_links(
     targets = [d if isinstance(d, LabHost) else lab.host(d) for d in (devices or lab.devices)]
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(targets)))) as pool:
         futures = {
-            d.name: pool.submit(probe_link, lab, d, requested, count, interval_ms) for d in targets
+            d.name: pool.submit(probe_link, lab, d, requested, count=count, interval_ms=interval_ms)
+            for d in targets
         }
         return {name: f.result() for name, f in futures.items()}
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.errors import ImpairmentError
-from testbed.lab.emulated import EmulatedLab
+from testbed.lab.interface import LinkSite
 from testbed.lab.spec import LabHost
 from testbed.lab.system import SystemRunner
 from testbed.netem.profile import LinkProfile
@@ -23,9 +23,7 @@ Leaf = Callable[[LinkProfile, str], list[str] | None]
 """(profile, "up" | "down") -> leaf qdisc arguments (after `tc qdisc add ... parent X`), or None."""
 
 
-def indexed_devices(
-    lab: EmulatedLab, profiles: dict[str, LinkProfile]
-) -> list[tuple[int, LabHost]]:
+def indexed_devices(lab: LinkSite, profiles: dict[str, LinkProfile]) -> list[tuple[int, LabHost]]:
     """(1-based index, device) of every lab device; ImpairmentError for unknown profile keys."""
     devices = list(enumerate(lab.devices, start=1))
     unknown = sorted(set(profiles) - {d.name for _, d in devices})

@@ -1,31 +1,41 @@
 """Kernel impairment with tc netem, for kernels that have sch_netem.
 
 Each device <-> server flow gets an HTB class on a bridge port in the bridge namespace (see
-`shaper`) with a netem leaf: delay rtt/2, jitter, loss per direction. Only device <-> server
-traffic is classified there, so controller traffic stays unimpaired, as with `nfqueue`.
+`shaper`) with a netem leaf: delay rtt/2, jitter with its distribution, loss per direction
+(random or Gilbert-Elliott `gemodel`), queue limit. Only device <-> server traffic is classified
+there, so controller traffic stays unimpaired, as with `nfqueue`. Differences from the holder:
+netem cannot be seeded, it reorders packets when jitter exceeds their spacing, and it has no
+schedules, so a profile with a schedule or trace is refused here (use the nfqueue backend).
 """
 
 from __future__ import annotations
 
 from testbed.errors import ImpairmentError
-from testbed.lab.emulated import EmulatedLab
+from testbed.lab.interface import LinkSite
 from testbed.lab.system import SystemRunner
 from testbed.netem import shaper
-from testbed.netem.profile import LinkProfile
+from testbed.netem.profile import GilbertElliott, LinkProfile
 
-NETEM_LIMIT = 100_000
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:.10g}%"
 
 
 def netem_args(profile: LinkProfile, direction: str) -> list[str]:
-    """`netem ...` arguments for one direction of `profile`."""
-    args = ["netem", "limit", str(NETEM_LIMIT)]
+    """`netem ...` arguments for one direction ("up" | "down") of a static `profile`."""
+    args = ["netem", "limit", str(profile.queue_limit)]
     if profile.rtt_ms > 0:
         args += ["delay", f"{profile.one_way_ms:g}ms"]
         if profile.jitter_ms > 0:
             args += [f"{profile.jitter_ms:g}ms"]
-    loss = profile.up_loss if direction == "up" else profile.down_loss
-    if loss > 0:
-        args += ["loss", "random", f"{loss * 100:g}%"]
+            if profile.jitter_dist != "uniform":
+                args += ["distribution", profile.jitter_dist]
+    loss = profile.loss_model(direction)  # type: ignore[arg-type]
+    if isinstance(loss, GilbertElliott):
+        args += ["loss", "gemodel", _pct(loss.p), _pct(loss.r)]
+        args += [_pct(loss.one_minus_h), _pct(loss.one_minus_k)]
+    elif loss > 0:
+        args += ["loss", "random", _pct(loss)]
     return args
 
 
@@ -37,7 +47,13 @@ class TcNetemBackend:
     def __init__(self, runner: SystemRunner) -> None:
         self.runner = runner
 
-    def apply(self, lab: EmulatedLab, profiles: dict[str, LinkProfile]) -> dict[str, object]:
+    def apply(self, lab: LinkSite, profiles: dict[str, LinkProfile]) -> dict[str, object]:
+        varying = sorted(name for name, prof in profiles.items() if prof.varies)
+        if varying:
+            raise ImpairmentError(
+                f"tc netem cannot run a schedule or trace (links of {', '.join(varying)}); "
+                "use backend nfqueue, whose holder steps through them"
+            )
         devices = shaper.indexed_devices(lab, profiles)
         cmds, ports = shaper.htb_commands(lab.server, devices, profiles, leaf=netem_args)
         shaper.reset(self.runner, lab.bridge_netns)
@@ -45,17 +61,17 @@ class TcNetemBackend:
             self.runner.run(argv, netns=lab.bridge_netns, error=ImpairmentError)
         return {"shaped_ports": ports, "holder": None, "holder_pid": None}
 
-    def clear(self, lab: EmulatedLab, state: dict[str, object]) -> None:
+    def clear(self, lab: LinkSite, state: dict[str, object]) -> None:
         shaper.reset(self.runner, lab.bridge_netns, list(state.get("shaped_ports") or []))
 
-    def _netem_count(self, lab: EmulatedLab, port: str) -> int:
+    def _netem_count(self, lab: LinkSite, port: str) -> int:
         out = self.runner.run(
             ["tc", "qdisc", "show", "dev", port], netns=lab.bridge_netns, query=True, check=False
         ).stdout
         return sum(1 for line in out.splitlines() if line.startswith("qdisc netem"))
 
     def verify(
-        self, lab: EmulatedLab, profiles: dict[str, LinkProfile], state: dict[str, object]
+        self, lab: LinkSite, profiles: dict[str, LinkProfile], state: dict[str, object]
     ) -> None:
         """Raise ImpairmentError unless every expected netem qdisc is in place."""
         if self.runner.dry_run:
@@ -82,7 +98,7 @@ class TcNetemBackend:
                 f"netem impairment of lab {lab.name} not in place: " + "; ".join(problems)
             )
 
-    def verify_clear(self, lab: EmulatedLab) -> None:
+    def verify_clear(self, lab: LinkSite) -> None:
         if self.runner.dry_run:
             return
         left = shaper.shaped_ports(self.runner, lab.bridge_netns)

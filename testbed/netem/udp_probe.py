@@ -2,20 +2,26 @@
 
     udp_probe.py echo --bind IP --port P [--tag T] [--rt-prio N]
         Echo every datagram back. Prints "ready" once bound; on SIGTERM prints a JSON line
-        with the measurement sequence numbers it received (forward-direction count).
+        with the measurement sequence numbers it received, in arrival order.
     udp_probe.py send --dst IP --port P [--count N] [--interval-ms I] [--size B] [--tag T]
         [--rt-prio N]
         Warm the link up (ARP), then send N numbered datagrams every I ms and time the echoes;
-        prints one JSON line: {"sent": N, "rtt_ms": {seq: rtt}, "warmup_s": ...}.
+        prints one JSON line: {"sent": N, "rtt_ms": {seq: rtt}, "warmup_s": ..., "rx_span_s":
+        first to last echo, "rx_bytes": bytes echoed}, the echoes in arrival order.
 
 Datagram: 1 byte kind (W warm-up, M measurement), 8 bytes sequence number, 8 bytes send time,
-padding. RTT uses the kernel receive timestamp (SO_TIMESTAMPNS) when available, taken as the
-packet reaches the sender's interface, i.e. after the bridge-side holder released it.
+8 bytes the responder's turnaround, padding. RTT is the link's: from the kernel's transmit
+timestamp of the datagram (SO_TIMESTAMPING, software; the user-space send time where the kernel
+gives none) to the kernel receive timestamp (SO_TIMESTAMPNS) of its echo, less the responder's
+turnaround (its own kernel receive timestamp to just before it echoes). So how soon a busy CPU
+schedules the sender or the responder is not counted as link delay.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import select
 import signal
@@ -26,8 +32,13 @@ import time
 
 from testbed.netem.realtime import set_realtime
 
-HEADER = struct.Struct("!cQQ")
+HEADER = struct.Struct("!cQQQ")
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
+# SOF_TIMESTAMPING_TX_SOFTWARE | _SOFTWARE | _OPT_ID | _OPT_TSONLY (linux/net_tstamp.h)
+TX_STAMP_FLAGS = (1 << 1) | (1 << 4) | (1 << 7) | (1 << 11)
+IP_RECVERR = 11
+EXTENDED_ERR = struct.Struct("=IBBBBII")  # struct sock_extended_err: ee_data is the OPT_ID
 
 
 def arp_complete(ip: str) -> bool:
@@ -56,18 +67,21 @@ def echo(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     print("ready", flush=True)
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     while not stop:
         ready, _, _ = select.select([sock], [], [], 0.2)
         if not ready:
             continue
-        data, addr = sock.recvfrom(65536)
+        data, anc, _, addr = sock.recvmsg(65536, 256)
+        rx = _recv_time(anc)
         if len(data) < HEADER.size:
             continue
-        kind, seq, _ = HEADER.unpack_from(data)
+        kind, seq, tx, _ = HEADER.unpack_from(data)
         if kind == b"M":
             seen.append(seq)
-        sock.sendto(data, addr)
-    print(json.dumps({"received": sorted(set(seen))}), flush=True)
+        turnaround = max(0, time.time_ns() - rx)
+        sock.sendto(HEADER.pack(kind, seq, tx, turnaround) + data[HEADER.size :], addr)
+    print(json.dumps({"received": list(dict.fromkeys(seen))}), flush=True)  # arrival order
     return 0
 
 
@@ -80,16 +94,49 @@ def _recv_time(anc: list[tuple[int, int, bytes]]) -> int:
     return time.time_ns()
 
 
+def _tx_stamp(anc: list[tuple[int, int, bytes]]) -> tuple[int | None, int | None]:
+    """(OPT_ID counter, software transmit time in ns) of one error-queue message."""
+    ident = stamp = None
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(payload) >= 16:
+            sec, nsec = struct.unpack("qq", payload[:16])
+            stamp = sec * 1_000_000_000 + nsec if sec else None
+        elif level == socket.SOL_IP and kind == IP_RECVERR and len(payload) >= EXTENDED_ERR.size:
+            ident = EXTENDED_ERR.unpack_from(payload)[6]
+    return ident, stamp
+
+
 def send(args: argparse.Namespace) -> int:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    with contextlib.suppress(OSError):  # else the user-space send time stands in
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TX_STAMP_FLAGS)
     sock.setblocking(False)
     pad = b"\0" * max(0, args.size - HEADER.size)
     dst = (args.dst, args.port)
-    rtt: dict[int, float] = {}
+    echoes: dict[int, tuple[int, int, int]] = {}  # seq -> (user send, receive, turnaround) ns
+    sent_ids: dict[int, int] = {}  # OPT_ID (datagrams sent so far) -> seq
+    tx_kernel: dict[int, int] = {}  # seq -> kernel transmit time, ns
+    rx_span = [0, 0, 0]  # first and last echo receive time (ns), bytes echoed
+
+    ids = itertools.count()  # the kernel's OPT_ID: one per datagram sent
+
+    def send_one(kind: bytes, seq: int, payload: bytes = b"") -> None:
+        ident = next(ids)
+        if kind == b"M":
+            sent_ids[ident] = seq
+        sock.sendto(HEADER.pack(kind, seq, time.time_ns(), 0) + payload, dst)
 
     def drain() -> None:
+        while True:
+            try:
+                _, anc, _, _ = sock.recvmsg(0, 512, socket.MSG_ERRQUEUE)
+            except (BlockingIOError, OSError):
+                break
+            ident, stamp = _tx_stamp(anc)
+            if ident in sent_ids and stamp is not None:
+                tx_kernel[sent_ids[ident]] = stamp
         while True:
             try:
                 data, anc, _, _ = sock.recvmsg(65536, 256)
@@ -98,14 +145,17 @@ def send(args: argparse.Namespace) -> int:
             rx = _recv_time(anc)
             if len(data) < HEADER.size:
                 continue
-            kind, seq, tx = HEADER.unpack_from(data)
+            kind, seq, tx, turnaround = HEADER.unpack_from(data)
             if kind == b"M":
-                rtt[seq] = (rx - tx) / 1e6
+                echoes[seq] = (tx, rx, turnaround)
+                rx_span[0] = rx_span[0] or rx
+                rx_span[1] = rx
+                rx_span[2] += len(data)
 
     # Warm-up: resolve the server's address (ARP is never impaired) before measuring.
     t0 = time.monotonic()
     while time.monotonic() - t0 < args.warmup_max_s:
-        sock.sendto(HEADER.pack(b"W", 0, time.time_ns()), dst)
+        send_one(b"W", 0)
         time.sleep(0.02)
         if arp_complete(args.dst) and time.monotonic() - t0 >= args.warmup_min_s:
             break
@@ -121,12 +171,23 @@ def send(args: argparse.Namespace) -> int:
                 break
             select.select([sock], [], [], (due - now) / 1e9)
             drain()
-        sock.sendto(HEADER.pack(b"M", seq, time.time_ns()) + pad, dst)
+        send_one(b"M", seq, pad)
     linger_end = time.monotonic() + args.linger_s
-    while len(rtt) < args.count and time.monotonic() < linger_end:
+    while len(echoes) < args.count and time.monotonic() < linger_end:
         select.select([sock], [], [], 0.02)
         drain()
-    out = {"sent": args.count, "rtt_ms": rtt, "warmup_s": round(warmup_s, 3)}
+    rtt = {  # arrival order
+        seq: (rx - tx_kernel.get(seq, tx) - turnaround) / 1e6
+        for seq, (tx, rx, turnaround) in echoes.items()
+    }
+    out = {
+        "sent": args.count,
+        "rtt_ms": rtt,
+        "kernel_tx_stamps": sum(seq in tx_kernel for seq in echoes),
+        "warmup_s": round(warmup_s, 3),
+        "rx_span_s": (rx_span[1] - rx_span[0]) / 1e9,
+        "rx_bytes": rx_span[2],
+    }
     print(json.dumps(out), flush=True)
     return 0
 

@@ -1,27 +1,49 @@
-"""Crash-safe file writes: whole-file replace and single-write line appends."""
+"""Crash-safe file writes, the one helper every replaced file goes through.
+
+`atomic_replace(path)` yields a temporary name beside `path`; whatever is written there (by
+any writer: pyarrow, a compiler, a model exporter) replaces `path` in one rename when the block
+ends without error, so readers see the old or the new file, never a mix, and a crash leaves at
+most a hidden temporary. `append_json_line` appends one line with a single O_APPEND write.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace path with data so that readers see the old or the new file, never a mix."""
+@contextlib.contextmanager
+def atomic_replace(path: Path) -> Iterator[Path]:
+    """Yield a temporary path; on success fsync it and rename it onto `path`."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        yield tmp
+        if tmp.is_file():
+            with tmp.open("rb+") as fh:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace path with data so that readers see the old or the new file, never a mix."""
+    with atomic_replace(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
 import time
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from testbed.paths import REPO_ROOT
@@ -24,6 +26,7 @@ PACKAGES = (
     "pandas",
     "pyarrow",
     "pydantic",
+    "duckdb",
 )
 
 
@@ -78,3 +81,29 @@ def build_manifest(run_id: str, playbook: dict[str, Any], **extra: Any) -> dict[
         "host": host_facts(),
         **extra,
     }
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of one file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_digests(*models: str) -> dict[str, dict[str, str]]:
+    """For each model path (a file, or a folder such as an HF checkpoint): relative file name
+    -> sha256, so a run says exactly which weights it used. Paths not on this machine (placed
+    on lab hosts by Ansible) map to {}."""
+    out: dict[str, dict[str, str]] = {}
+    for model in models:
+        root = Path(model)
+        if root.is_file():
+            out[model] = {root.name: file_sha256(root)}
+        elif root.is_dir():
+            files = sorted(p for p in root.rglob("*") if p.is_file())
+            out[model] = {str(p.relative_to(root)): file_sha256(p) for p in files}
+        else:
+            out[model] = {}
+    return out

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from testbed.results.store import RunStore
-from testbed.results.tables import write_parquet
+from testbed.results.tables import typed_table, write_parquet
 
-# (column, header, format) of the printed summary
+# (column, header, format) of the printed summary; the notes below the table say what each
+# header counts
 SUMMARY_COLUMNS = [
     ("label", "condition", "{}"),
     ("status", "status", "{}"),
@@ -18,14 +20,35 @@ SUMMARY_COLUMNS = [
     ("rtt_measured_ms", "RTT ms", "{:.2f}"),
     ("loss_up_measured", "loss up", "{:.3f}"),
     ("loss_down_measured", "loss down", "{:.3f}"),
-    ("system_tok_s", "sys tok/s", "{:.1f}"),
-    ("device_tok_s_mean", "dev tok/s", "{:.1f}"),
+    ("system_verified_tok_s", "verified tok/s", "{:.1f}"),
+    ("system_unverified_tok_s", "unverified tok/s", "{:.1f}"),
+    ("system_tok_s", "total tok/s", "{:.1f}"),
     ("acceptance_rate", "accept", "{:.2f}"),
+    ("mean_accepted_length", "acc len", "{:.2f}"),
     ("fallback_share", "fallback", "{:.2f}"),
     ("strict_accuracy", "acc strict", "{:.2f}"),
     ("flexible_accuracy", "acc flex", "{:.2f}"),
+    ("target_strict_accuracy", "target acc", "{:.2f}"),
     ("target_match_share", "=target", "{:.2f}"),
+    ("served_in_time", "in time", "{:.0f}"),
+    ("task_throughput", "tasks/s", "{:.2f}"),
+    ("predicted_task_throughput", "sim tasks/s", "{:.2f}"),
+    ("peak_held_mib", "peak MiB", "{:.2f}"),
+    ("completion_error_mean_abs", "sim err", "{:.0%}"),
 ]
+SUMMARY_NOTES = (
+    "verified tok/s: tokens that came out of the target's verdicts; unverified tok/s: draft "
+    "tokens kept while the server was unreachable (fallback); total = both. Rates divide by "
+    "the longest device's own span (one clock per device).",
+    "accept: accepted / drafted drafts; acc len: (accepted + rounds) / rounds over verified "
+    "rounds (the bonus or correction token included).",
+    "acc strict / flex: GSM8K-format exact match (lm-eval strict `#### N` / last number); "
+    "target acc: the target's own greedy answers to the same problems, strict; =target: share "
+    "of ALL answers equal to the target's own greedy answer.",
+    "BALANCE (mode balance): in time: users finished within their deadline; tasks/s: those per "
+    "second of the run, measured and simulated; peak MiB: most memory the server's caches and "
+    "models held; sim err: mean |predicted / measured - 1| of the users' completion times.",
+)
 
 
 def flatten(entry: dict[str, Any]) -> dict[str, Any]:
@@ -35,6 +58,7 @@ def flatten(entry: dict[str, Any]) -> dict[str, Any]:
         "index": entry.get("index"),
         "status": entry["status"],
         "reason": entry.get("reason", ""),
+        "seconds": entry.get("seconds"),
         "label": ", ".join(f"{k}={v}" for k, v in entry.get("values", {}).items()) or "base",
     }
     for key, value in entry.get("values", {}).items():
@@ -55,15 +79,17 @@ def condition_frame(store: RunStore) -> pd.DataFrame:
 
 
 def write_condition_table(store: RunStore) -> Path:
-    """(Re)write `conditions.parquet` from the journal; return its path."""
+    """(Re)write `conditions.parquet` (schema of `ConditionRecord`) from the journal."""
     path = store.root / "conditions.parquet"
-    write_parquet(condition_frame(store), path)
+    write_parquet(typed_table("conditions", condition_frame(store)), path)
     return path
 
 
-def summary_rows(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Headers and formatted cells of the printed summary."""
-    cols = [c for c in SUMMARY_COLUMNS if c[0] in df.columns]
+def summary_rows(
+    df: pd.DataFrame, columns: Sequence[tuple[str, str, str]] = SUMMARY_COLUMNS
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted cells of the printed summary (or of other columns given)."""
+    cols = [c for c in columns if c[0] in df.columns]
     rows = []
     for _, r in df.iterrows():
         cells = []
@@ -81,16 +107,23 @@ def print_summary(df: pd.DataFrame, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 150))
+    console = Console(width=max(Console().width, 180))
+    swept = [c for c in df.columns if c.startswith("sweep.")]
+    if swept:  # the condition column shows the swept values under their keys
+        df = df.assign(label=[", ".join(str(v) for v in row) for row in df[swept].values])
     headers, rows = summary_rows(df)
+    if swept:
+        headers[0] = ", ".join(c.removeprefix("sweep.") for c in swept)
     table = Table(title=title)
-    for h in headers:
+    for i, h in enumerate(headers):
         table.add_column(
-            h, justify="right" if h not in ("condition", "status", "backend") else "left"
+            h, justify="left" if i == 0 or h in ("status", "backend") else "right", no_wrap=i == 0
         )
     for cells in rows:
         table.add_row(*cells)
     console.print(table)
+    for note in SUMMARY_NOTES:
+        console.print(f"[dim]{note}[/dim]")
     if "reason" in df.columns:
         for _, r in df[df["status"] != "done"].iterrows():
             console.print(f"[red]{r['condition']} failed:[/red] {r['reason']}")

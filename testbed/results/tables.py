@@ -1,14 +1,23 @@
-"""Agent record files -> pandas tables -> Parquet, and the per-condition summary row."""
+"""Agent record files -> typed Arrow tables (schemas of `testbed.metrics.records`) -> Parquet."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from agents.records import read_records
+from agents.workloads.scoring import score as score_answer
+from testbed.metrics.cost import CostTable
+from testbed.metrics.records import DEFAULTS, SCHEMAS
+from testbed.metrics.slo import Slo
+from testbed.metrics.stats import ConditionStats
+from testbed.results.atomic import atomic_replace
 
 
 def frame_from_jsonl(paths: Iterable[Path], **constants: Any) -> pd.DataFrame:
@@ -22,63 +31,154 @@ def frame_from_jsonl(paths: Iterable[Path], **constants: Any) -> pd.DataFrame:
     return df
 
 
-def write_parquet(df: pd.DataFrame, path: Path) -> None:
-    """Write a frame to Parquet (via a temporary name, so a crash leaves no torn file)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    df.to_parquet(tmp, index=False)
-    tmp.replace(path)
+def typed_table(table: str, df: pd.DataFrame) -> pa.Table:
+    """The frame as an Arrow table of `table`'s schema: declared columns first, cast to their
+    types (an absent column or a missing value filled with its field's default, or nulls),
+    then any extra columns as pyarrow infers them. A row without a required column is an
+    error."""
+    schema = SCHEMAS[table]
+    defaults = DEFAULTS[table]
+    columns: dict[str, pa.Array] = {}
+    for fld in schema:
+        if fld.name in df.columns:
+            values = df[fld.name].astype(object).where(df[fld.name].notna(), None).tolist()
+            if fld.name in defaults and defaults[fld.name] is not None:  # gaps get the default
+                values = [defaults[fld.name] if v is None else v for v in values]
+            columns[fld.name] = typed_array(table, fld, values)
+        elif fld.name in defaults or len(df) == 0:
+            columns[fld.name] = pa.array([defaults.get(fld.name)] * len(df), type=fld.type)
+        else:
+            raise ValueError(f"{table}: records lack the required column {fld.name!r}")
+    typed = pa.table(columns, schema=schema)
+    for name in (c for c in df.columns if c not in schema.names):
+        typed = typed.append_column(str(name), infer_column(df[name]))
+    return typed
 
 
-def _ratio(num: float, den: float) -> float | None:
-    return float(num) / float(den) if den else None
+COERCE = {pa.string(): str, pa.float64(): float}
 
 
-def summarize(
-    rounds: pd.DataFrame, requests: pd.DataFrame, agents: pd.DataFrame | None = None
-) -> dict[str, Any]:
-    """Headline figures of one condition from its device round and request tables.
+def typed_array(table: str, fld: pa.Field, values: list[Any]) -> pa.Array:
+    """values as the field's type; numbers become text in a string column (a reference answer
+    written as 26) and integers floats in a float column, anything else is an error naming
+    the table and column."""
+    convert = COERCE.get(fld.type)
+    if convert is not None:
+        values = [None if v is None else convert(v) for v in values]
+    try:
+        return pa.array(values, type=fld.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ValueError(f"{table}.{fld.name}: expected {fld.type}: {exc}") from None
 
-    System throughput counts from the first device agent's start (its handshake included)
-    to the last answer, when the agents' status records (`agents`) are given.
-    """
-    out: dict[str, Any] = {"requests": len(requests), "rounds": len(rounds)}
-    if requests.empty:
-        return out
-    tokens = int(requests["tokens"].sum())
-    start = float(requests["t_start"].min())
-    if agents is not None and "t_start" in agents:
-        start = min(start, float(agents["t_start"].min()))
-    span = float(requests["t_end"].max() - start)
-    per_dev = requests.groupby("dev").agg(
-        tokens=("tokens", "sum"), start=("t_start", "min"), end=("t_end", "max")
-    )
-    if agents is not None and "t_start" in agents:
-        began = agents.set_index("dev")["t_start"].reindex(per_dev.index)
-        per_dev["start"] = pd.concat([per_dev["start"], began], axis=1).min(axis=1)
-    per_dev_rate = per_dev["tokens"] / (per_dev["end"] - per_dev["start"]).clip(lower=1e-9)
-    verified = rounds[rounds["mode"] == "verified"] if not rounds.empty else rounds
-    out.update(
-        tokens=tokens,
-        seconds=span,
-        system_tok_s=_ratio(tokens, span),
-        device_tok_s_mean=float(per_dev_rate.mean()),
-        device_tok_s_min=float(per_dev_rate.min()),
-        fallback_share=_ratio(requests["fallback_tokens"].sum(), tokens),
-        verified_share=_ratio(requests["verified_tokens"].sum(), tokens),
-    )
-    if not verified.empty:
-        out.update(
-            acceptance_rate=_ratio(verified["accepted"].sum(), verified["drafted"].sum()),
-            mean_accepted_len=float((verified["accepted"] + 1).mean()),
-            mean_batch=float(verified["batch"].mean()),
-            verify_rtt_ms_p50=float(verified["rtt_ms"].median()),
-            retry_share=_ratio((verified["attempts"] > 1).sum(), len(verified)),
+
+def infer_column(values: pd.Series) -> pa.Array:
+    """An extra column as pyarrow infers it; values of mixed kinds (a sweep over 1 and "a")
+    become strings rather than failing the table."""
+    try:
+        return pa.array(values, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([None if v is None else str(v) for v in values], type=pa.string())
+
+
+def write_parquet(df: pd.DataFrame | pa.Table, path: Path) -> None:
+    """Write a frame or Arrow table to Parquet through the atomic-replace helper."""
+    table = df if isinstance(df, pa.Table) else pa.Table.from_pandas(df, preserve_index=False)
+    with atomic_replace(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def write_typed(table: str, df: pd.DataFrame, folder: Path) -> pd.DataFrame:
+    """Write `<folder>/<table>.parquet` with the table's schema; return the typed frame."""
+    typed = typed_table(table, df)
+    write_parquet(typed, folder / f"{table}.parquet")
+    return typed.to_pandas()
+
+
+def link_rows(link: dict[str, Any], condition: str) -> pd.DataFrame:
+    """One `links` row per probed device path, from a condition's link.json."""
+    requested = link.get("requested") or {}
+    loss = requested.get("loss")
+    rows = []
+    for dev, probe in (link.get("probes") or {}).items():
+        rtt = probe.get("rtt_ms") or {}
+        rows.append(
+            {
+                "condition": condition,
+                "dev": dev,
+                "backend": link.get("backend"),
+                "rtt_requested_ms": requested.get("rtt_ms"),
+                "loss_requested": loss if isinstance(loss, (int, float)) else None,
+                "rtt_measured_ms": rtt.get("p50"),
+                "rtt_error_p99_ms": (probe.get("rtt_error_ms") or {}).get("p99"),
+                "loss_up_measured": (probe.get("loss_up") or {}).get("rate"),
+                "loss_down_measured": (probe.get("loss_down") or {}).get("rate"),
+                "loss_within_95": probe.get("ok"),
+            }
         )
-    for col in ("strict_correct", "flexible_correct"):
-        if col in requests:
-            out[col.replace("_correct", "_accuracy")] = float(requests[col].mean())
-    if "matches_target" in requests:
-        full = requests[requests["verified_tokens"] == requests["tokens"]]
-        out["fully_verified_answers"] = len(full)
-        out["target_match_share"] = float(full["matches_target"].mean()) if len(full) else None
-    return out
+    return pd.DataFrame(rows, columns=list(SCHEMAS["links"].names))
+
+
+def host_rows(
+    status: list[dict[str, Any]], info: list[dict[str, Any]], condition: str
+) -> pd.DataFrame:
+    """The `hosts` table: each agent's status (its own clock) completed with the controller's
+    `info` on that host (by `dev`: role, host_class, clock offset); an `info` entry with no
+    status but its own t_start / t_end (the server, timed by the controller) is a row too."""
+    by_name = {i["dev"]: i for i in info}
+    rows = [{**by_name.get(st.get("dev"), {}), **st} for st in status]
+    seen = {st.get("dev") for st in status}
+    rows += [
+        {**i, "clock": "controller"}
+        for i in info
+        if i["dev"] not in seen and i.get("t_start") is not None and i.get("t_end") is not None
+    ]
+    return pd.DataFrame(rows).assign(condition=condition) if rows else pd.DataFrame()
+
+
+def score_target(requests: pd.DataFrame) -> pd.DataFrame:
+    """Score the target's own answers (`target_text`) as the devices' answers are scored, so
+    a condition's accuracy can be set beside the target's on the same problems."""
+    if "target_text" not in requests or "reference" not in requests:
+        return requests
+    scored = [
+        score_answer(t, r) if isinstance(t, str) and r is not None else (None, None)
+        for t, r in zip(requests["target_text"], requests["reference"])
+    ]
+    return requests.assign(
+        target_strict_correct=[s for s, _ in scored],
+        target_flexible_correct=[f for _, f in scored],
+    )
+
+
+def tables_from_records(
+    staged: Path,
+    condition: str,
+    score: Callable[[pd.DataFrame], pd.DataFrame],
+    slo: Slo | None = None,
+    costs: CostTable | None = None,
+    hosts_info: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Write a condition's typed Parquet tables from the agents' fetched records (under
+    `staged/hosts/<host>/`) and its link.json; return the condition's figures
+    (`ConditionStats.as_row`). `score` adds the answer-checking columns to the requests;
+    `hosts_info` gives what the controller knows of each host (see `host_rows`)."""
+    hosts_dir = staged / "hosts"
+
+    def records(name: str) -> pd.DataFrame:
+        return frame_from_jsonl(sorted(hosts_dir.glob(f"*/{name}.jsonl")), condition=condition)
+
+    rounds = write_typed("rounds", records("rounds"), staged)
+    raw_requests = records("requests")
+    requests = write_typed(
+        "requests",
+        score_target(score(raw_requests)) if not raw_requests.empty else raw_requests,
+        staged,
+    )
+    for name in ("verifications", "batches"):
+        write_typed(name, records(name), staged)
+    status = [json.loads(p.read_text()) for p in sorted(hosts_dir.glob("*/status.json"))]
+    hosts = write_typed("hosts", host_rows(status, hosts_info or [], condition), staged)
+    link_file = staged / "link.json"
+    link = json.loads(link_file.read_text()) if link_file.exists() else {}
+    write_typed("links", link_rows(link, condition), staged)
+    return ConditionStats.from_frames(rounds, requests, hosts, slo=slo, costs=costs).as_row()

@@ -12,9 +12,10 @@ import math
 import statistics
 from typing import Any
 
-from testbed.config.playbook import LinkSection
+from testbed.config.playbook import ImpairmentSection
 from testbed.errors import ImpairmentError
 from testbed.netem.probe import LossFigure, ProbeResult
+from testbed.netem.profile import LinkProfile
 
 
 def loss_guard_ok(fig: LossFigure) -> bool:
@@ -26,19 +27,24 @@ def loss_guard_ok(fig: LossFigure) -> bool:
     return abs(fig.rate - p) <= band
 
 
-def check_links(probes: dict[str, ProbeResult], link: LinkSection) -> None:
-    """Raise ImpairmentError naming each device link that does not measure as requested."""
+def check_links(
+    probes: dict[str, ProbeResult], profiles: dict[str, LinkProfile], knobs: ImpairmentSection
+) -> None:
+    """Raise ImpairmentError naming each device link that does not measure as its profile."""
     problems = []
     for dev, r in probes.items():
-        if link.loss < 1 and r.rtt_ms is not None:
-            err = r.rtt_ms.p50 - link.rtt_ms
-            if abs(err) > link.rtt_tolerance_ms:
+        want = profiles[dev]
+        if want.round_trip_loss < 1 and r.rtt_ms is not None:
+            err = r.rtt_ms.p50 - want.rtt_ms
+            if abs(err) > knobs.rtt_tolerance_ms:
                 problems.append(
-                    f"{dev}: median RTT {r.rtt_ms.p50:.2f} ms, requested {link.rtt_ms} ms "
-                    f"(tolerance {link.rtt_tolerance_ms} ms)"
+                    f"{dev}: median RTT {r.rtt_ms.p50:.2f} ms, requested {want.rtt_ms} ms "
+                    f"(tolerance {knobs.rtt_tolerance_ms} ms)"
                 )
-        elif link.loss < 1:
-            problems.append(f"{dev}: no probe came back at requested loss {link.loss}")
+        elif want.round_trip_loss < 1:
+            problems.append(
+                f"{dev}: no probe came back at requested round-trip loss {want.round_trip_loss}"
+            )
         for name, fig in (("up", r.loss_up), ("down", r.loss_down)):
             if not loss_guard_ok(fig):
                 problems.append(

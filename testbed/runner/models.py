@@ -23,8 +23,8 @@ def resolve_models(section: ModelsSection, say: Callable[[str], None] = print) -
     if "tiny" in (draft, target):
         from testbed.models.tiny import ensure_tiny_pair
 
-        say("tiny model pair (built once, then cached)")
-        pair = ensure_tiny_pair()
+        say("tiny model pair (built once, about 4 min on 2 cores, then cached)")
+        pair = ensure_tiny_pair(progress=say)
         tok = pair.tokenizer_hash
         draft = str(pair.draft_gguf) if draft == "tiny" else draft
         target = str(pair.target_hf) if target == "tiny" else target

@@ -3,31 +3,95 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from agents.workloads.arithmetic import Problem
-from testbed.config.playbook import Condition, Playbook, expand, load_playbook
+from testbed.config.playbook import (
+    DEFAULT_MAX_CONDITIONS,
+    Condition,
+    Playbook,
+    Sweep,
+    expand,
+    lab_playbook,
+    load_playbook,
+    planned_ids,
+    playbook_topology,
+    with_lab,
+)
 from testbed.errors import BadInputError, TestbedError
 from testbed.hosts.control import HostControl
-from testbed.lab.emulated import EmulatedLab
+from testbed.hosts.inventory import load_inventory
+from testbed.lab.drafting_rate import measure_class_rates
+from testbed.lab.interface import Lab
+from testbed.lab.kinds import lab_class
+from testbed.lab.physical import inventory_topology
 from testbed.lab.spec import LabSpec
 from testbed.lab.system import SystemRunner
 from testbed.paths import results_dir
-from testbed.results.manifest import build_manifest
+from testbed.results.manifest import build_manifest, model_digests
 from testbed.results.report import write_condition_table
 from testbed.results.store import RunStore
+from testbed.runner.balance import run_balance
 from testbed.runner.models import resolve_models
 from testbed.runner.reference import target_answers
 from testbed.runner.sled import RunContext, run_condition
+from testbed.topo.model import Topology
 
 LAB_NAME = "run"
+LAB_NAME_ENV = "TESTBED_LAB_NAME"
+LAB_SUBNET_ENV = "TESTBED_LAB_SUBNET"
+
+
+def run_topology(pb: Playbook, source: str) -> Topology:
+    """The playbook's topology; on an inventory lab with none named, the inventory's hosts."""
+    if pb.lab.kind == "inventory" and pb.topology is None and pb.lab.inventory:
+        return inventory_topology(load_inventory(pb.lab.inventory), pb.link)
+    return playbook_topology(pb, source)
+
+
+def run_lab_spec(pb: Playbook, source: str) -> LabSpec:
+    """The lab a run brings up: the playbook's topology as lab `run` on the default subnet
+    unless the environment names another (TESTBED_LAB_NAME, TESTBED_LAB_SUBNET), so that two
+    runs can share one machine."""
+    pb = lab_playbook(pb)
+    fields: dict[str, object] = {
+        "name": os.environ.get(LAB_NAME_ENV, LAB_NAME),
+        "topology": run_topology(pb, source),
+        "inventory": pb.lab.inventory,
+        "pi5_cores": pb.lab.pi5_cores,
+    }
+    if os.environ.get(LAB_SUBNET_ENV):
+        fields["subnet"] = os.environ[LAB_SUBNET_ENV]
+    return LabSpec.build(f"{source}: lab", **fields)
+
+
+def _import_torch_before_ansible() -> None:
+    """Import torch's compiler before the lab's inventory is read through ansible-core.
+
+    ansible-core replaces `sys.intern` by a callable object when imported; torch._dynamo,
+    imported later (by the reference target model), refuses that object and fails. Imported
+    first, torch registers the real `sys.intern` and both work.
+    """
+    import torch._dynamo  # noqa: F401
+
+
+@contextmanager
+def running_lab(kind: str, spec: LabSpec) -> Iterator[Lab]:
+    """The lab of `kind` up for the block, and always down after it."""
+    lab = lab_class(kind).up(spec)
+    try:
+        yield lab
+    finally:
+        lab.down()
 
 
 @dataclass
@@ -63,11 +127,15 @@ def execute(
     out: Path | None = None,
     retry_failed: bool = False,
     dry_run: bool = False,
+    lab_kind: str | None = None,
+    inventory: str | None = None,
     say: Callable[[str], None] = print,
     on_condition: Callable[[dict], None] | None = None,
     on_plan: Callable[[int], None] | None = None,
+    max_conditions: int = DEFAULT_MAX_CONDITIONS,
 ) -> RunOutcome:
-    """Run (or resume) a playbook on the emulated lab; returns how many conditions did what.
+    """Run (or resume) a playbook on its lab (`lab.kind`, or `lab_kind` if given); returns how
+    many conditions did what.
 
     `on_plan(n)` is told how many conditions will run, `on_condition(entry)` each journal
     entry as it is written.
@@ -82,11 +150,8 @@ def execute(
             raise BadInputError("give a playbook, or --resume RUN")
         pb, source = load_playbook(playbook_path), str(playbook_path)
         store = None
-    if pb.lab.kind != "emulated":
-        raise BadInputError(
-            f"{source}: lab.kind: only 'emulated' runs are supported so far (got {pb.lab.kind!r})"
-        )
-    conditions = expand(pb, source)
+    pb = with_lab(pb, source, lab_kind, inventory)
+    conditions = expand(pb, source, max_conditions)
     if dry_run:
         return _dry_run(pb, conditions, say)
 
@@ -95,23 +160,27 @@ def execute(
         store.create(build_manifest(store.root.name, pb.model_dump(mode="json"),
                                     playbook_file=source, seeds={"run": pb.seed,
                                     "workload": pb.workload.seed},
-                                    conditions=[c.id for c in conditions]))  # fmt: skip
+                                    condition_count=len(conditions),
+                                    conditions=planned_ids(conditions)))  # fmt: skip
         assert playbook_path is not None
         # the resolved playbook (topology applied) is what a resume runs; the file as given
         # is kept beside it for the record
         (store.root / "playbook.yaml").write_text(yaml.safe_dump(pb.model_dump(mode="json")))
         (store.root / "playbook.source.yaml").write_text(Path(playbook_path).read_text())
     finished = store.finished(retry_failed)
-    todo = [c for c in conditions if c.id not in finished]
-    say(f"run folder {store.root} ({len(conditions)} conditions, {len(todo)} to run)")
+    # lazy: conditions are resolved one at a time as the loop reaches them
+    todo = (c for c in conditions if c.id not in finished)
+    remaining = len(conditions) - len(finished)  # journaled ids are ids of this sweep
+    say(f"run folder {store.root} ({len(conditions)} conditions, {remaining} to run)")
     if on_plan:
-        on_plan(len(todo))
-    if not todo:
+        on_plan(remaining)
+    if not remaining:
         write_condition_table(store)
         return RunOutcome(store, 0, 0, len(conditions))
 
     models = resolve_models(pb.models, say)
-    spec = LabSpec.build(f"{source}: lab", name=LAB_NAME, devices=pb.lab.devices)
+    _import_torch_before_ansible()
+    spec = run_lab_spec(pb, source)
 
     def reference(problems: list[Problem], max_new: int) -> dict[str, str]:
         return target_answers(
@@ -119,14 +188,22 @@ def execute(
         )
 
     done = failed = 0
-    say(f"emulated lab up: 1 server + {pb.lab.devices} devices")
-    with EmulatedLab.running(spec) as lab, HostControl(lab.inventory()) as hosts:
+    counts = ", ".join(f"{n} {c}" for c, n in spec.topology.class_counts().items())
+    say(f"{pb.lab.kind} lab up: {spec.topology.server.name} + {counts} devices")
+    with running_lab(pb.lab.kind, spec) as lab, HostControl(lab.inventory()) as hosts:
         store.update_manifest(
-            lab={"kind": "emulated", "name": lab.name, "devices": len(lab.devices),
-                 "subnet": str(spec.subnet)},
+            lab=lab.describe(),
             models={"draft": models.draft, "target": models.target,
-                    "tokenizer_hash": models.tokenizer_hash},
+                    "tokenizer_hash": models.tokenizer_hash,
+                    "sha256": model_digests(models.draft, models.target)},
         )  # fmt: skip
+        if spec.pi5_cores is not None:  # host-class limits: what each class drafts under them
+            say("drafting rate per host class")
+            pairs = [(h.name, h.host_class) for h in lab.devices]
+            rates = measure_class_rates(hosts, pairs, Path(models.draft))
+            store.update_manifest(
+                class_drafting_rates={c: r.record() for c, r in rates.items() if r is not None}
+            )
         ctx = RunContext(lab, hosts, models.draft, models.target, reference, say)
         for cond in todo:
             entry = _run_one(ctx, store, cond)
@@ -135,7 +212,7 @@ def execute(
             write_condition_table(store)
             if on_condition:
                 on_condition(entry)
-    return RunOutcome(store, done, failed, len(conditions) - len(todo))
+    return RunOutcome(store, done, failed, len(conditions) - remaining)
 
 
 def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
@@ -144,7 +221,8 @@ def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
     t0 = time.time()
     base = {"condition": cond.id, "index": cond.index, "values": cond.values, "started": t0}
     try:
-        result = run_condition(ctx, cond, staged)
+        run = run_balance if cond.playbook.mode == "balance" else run_condition
+        result = run(ctx, cond, staged)
     except Exception as exc:  # a failed condition is journaled; the sweep goes on
         reason = str(exc) if isinstance(exc, TestbedError) else f"{type(exc).__name__}: {exc}"
         (staged / "error.txt").write_text(traceback.format_exc())
@@ -159,13 +237,13 @@ def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
     return entry
 
 
-def _dry_run(pb: Playbook, conditions: list[Condition], say: Callable[[str], None]) -> RunOutcome:
+def _dry_run(pb: Playbook, conditions: Sweep, say: Callable[[str], None]) -> RunOutcome:
     """Print the lab, impairment and Fabric actions of every condition without doing them:
     the same `run_condition` as a real run, on a dry-run lab and host control."""
     runner = SystemRunner(dry_run=True, echo=lambda line: say(f"  {line}"))
-    spec = LabSpec.build("lab", name=LAB_NAME, devices=pb.lab.devices)
+    spec = run_lab_spec(pb, "lab")
     say(f"dry run of {pb.name}: {len(conditions)} conditions; nothing is changed")
-    lab = EmulatedLab.up(spec, runner=runner)
+    lab = lab_class(pb.lab.kind).up(spec, runner=runner)
     hosts = HostControl(lab.inventory(), dry_run=True, echo=lambda line: say(f"  {line}"))
     with hosts, tempfile.TemporaryDirectory() as tmp:
         ctx = RunContext(lab, hosts, "<draft>", "<target>", lambda _p, _n: {}, say, dry_run=True)
@@ -173,6 +251,6 @@ def _dry_run(pb: Playbook, conditions: list[Condition], say: Callable[[str], Non
             say(f"condition {cond.id}")
             staged = Path(tmp) / cond.id
             staged.mkdir()
-            run_condition(ctx, cond, staged)
+            (run_balance if cond.playbook.mode == "balance" else run_condition)(ctx, cond, staged)
     lab.down()
     return RunOutcome(None, 0, 0, 0)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,15 +18,19 @@ from agents.workloads.scoring import score
 from testbed.config.playbook import Condition
 from testbed.errors import AgentError
 from testbed.hosts.control import HostControl, RemoteProcess
-from testbed.hosts.inventory import InventoryHost
-from testbed.lab.emulated import EmulatedLab
-from testbed.netem.api import apply, clear
+from testbed.hosts.inventory import Inventory, InventoryHost
+from testbed.lab.backup import failover_log, read_failovers
+from testbed.lab.interface import Lab
+from testbed.metrics.clocks import measure_offset
+from testbed.netem.api import apply_each, clear
+from testbed.netem.nfqueue import link_changes
 from testbed.netem.probe import probe_links
 from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
 from testbed.results.atomic import atomic_write_json
-from testbed.results.tables import frame_from_jsonl, summarize, write_parquet
+from testbed.results.tables import tables_from_records
+from testbed.runner.lab_key import ensure_lab_key, key_path_on, place_lab_key
 from testbed.runner.linkcheck import check_links, summarize_links
-from testbed.runner.workload import problems_for, write_problem_file
+from testbed.runner.workload import arrivals_for, problems_for, write_problem_file
 
 SERVER_PORT = 7000
 AGENT_ENV = {
@@ -35,7 +40,8 @@ AGENT_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
 }
-SERVER_FILES = ("verifications.jsonl", "batches.jsonl")
+SERVER_FILES = ("verifications.jsonl", "batches.jsonl", "refusals.jsonl", "confidence.jsonl",
+                "generations.jsonl", "ar_steps.jsonl")  # fmt: skip
 DEVICE_FILES = ("rounds.jsonl", "requests.jsonl", "status.json")
 
 
@@ -43,7 +49,7 @@ DEVICE_FILES = ("rounds.jsonl", "requests.jsonl", "status.json")
 class RunContext:
     """What every condition of a run shares."""
 
-    lab: EmulatedLab
+    lab: Lab
     hosts: HostControl
     draft_model: str
     target_model: str
@@ -67,11 +73,24 @@ def server_command(host: InventoryHost, cond: Condition, model: str, records: st
         "--device", cond.playbook.models.server_device,
         "--threads", str(s.server_threads),
         "--max-batch", str(s.max_batch),
+        "--batch-strategy", s.batch_strategy,
         "--window-ms", str(s.window_ms),
+        "--idle-s", str(s.idle_s),
+        "--seed", str(cond.playbook.seed),
         "--records", records,
         "--ready-file", f"{records}/ready",
+        "--key-file", key_path_on(host),
     ]  # fmt: skip
+    if s.kv_cache_tokens is not None:
+        args += ["--kv-cache-tokens", str(s.kv_cache_tokens)]
+    if s.max_seq_length is not None:
+        args += ["--max-seq-length", str(s.max_seq_length)]
     return shlex.join(args)
+
+
+def device_seed(seed: int, device: str) -> int:
+    """A device's sampling seed: the playbook's, made distinct per device (stable by name)."""
+    return (seed * 1_000_003 + zlib.crc32(device.encode())) % 2**31
 
 
 def device_command(
@@ -86,9 +105,24 @@ def device_command(
         "--threads", str(s.device_threads),
         "--problems", f"{records}/problems.jsonl",
         "--records", records,
+        "--key-file", key_path_on(host),
+        "--mode", cond.playbook.mode,
         "--draft-len", str(s.draft_len),
+        "--draft-policy", s.draft_policy,
+        "--draft-min", str(s.draft_min),
+        "--draft-max", str(s.draft_max),
+        "--target-acceptance", str(s.target_acceptance),
         "--timeout-ms", str(s.timeout_ms),
+        "--timeout-policy", s.timeout_policy,
+        "--timeout-min-ms", str(s.timeout_min_ms),
+        "--timeout-max-ms", str(s.timeout_max_ms),
         "--retries", str(s.retries),
+        "--copies", str(s.copies),
+        "--lookahead", str(s.lookahead),
+        "--min-confidence", str(s.min_confidence),
+        "--temperature", str(s.temperature),
+        "--top-k", str(s.top_k),
+        "--seed", str(device_seed(cond.playbook.seed, host.name)),
         "--probe-ms", str(s.probe_ms),
         "--max-new", str(cond.playbook.workload.max_new_tokens),
     ]  # fmt: skip
@@ -149,24 +183,52 @@ def score_requests(requests: pd.DataFrame, reference: dict[str, str]) -> pd.Data
     return requests
 
 
-def build_tables(staged: Path, cond: Condition, reference: dict[str, str]) -> dict[str, Any]:
-    """Parquet tables from the fetched records; returns the condition's summary figures."""
-    hosts_dir = staged / "hosts"
-    const = {"condition": cond.id}
-    rounds = frame_from_jsonl(sorted(hosts_dir.glob("*/rounds.jsonl")), **const)
-    requests = score_requests(
-        frame_from_jsonl(sorted(hosts_dir.glob("*/requests.jsonl")), **const), reference
-    )
-    for name, df in (("rounds", rounds), ("requests", requests)):
-        write_parquet(df, staged / f"{name}.parquet")
-    for name in ("verifications", "batches"):
-        df = frame_from_jsonl(sorted(hosts_dir.glob(f"*/{name}.jsonl")), **const)
-        write_parquet(df, staged / f"{name}.parquet")
-    agents = pd.DataFrame(
-        [json.loads(p.read_text()) for p in sorted(hosts_dir.glob("*/status.json"))]
-    )
-    write_parquet(agents, staged / "agents.parquet")
-    return summarize(rounds, requests, agents)
+def build_tables(
+    staged: Path, cond: Condition, reference: dict[str, str], info: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Typed Parquet tables from the fetched records; returns the condition's figures."""
+    return tables_from_records(
+        staged, cond.id, lambda r: score_requests(r, reference), cond.playbook.workload.slo,
+        hosts_info=info,
+    )  # fmt: skip
+
+
+def hosts_info(hosts: HostControl, lab_hosts: Iterable[InventoryHost], server: str,
+               server_span: tuple[float, float]) -> list[dict[str, Any]]:  # fmt: skip
+    """Per host: role, class and clock offset to the controller (measured over SSH); the
+    server's span as timed by the controller."""
+    rows = []
+    for h in lab_hosts:
+        clock = measure_offset(lambda h=h: float(hosts.run(h, "date +%s.%N").stdout), probes=3)
+        row = {"dev": h.name, "role": h.role, "host_class": h.host_class,
+               "clock_offset_s": clock.offset_s, "clock_offset_err_s": clock.error_s}  # fmt: skip
+        if h.name == server:
+            row.update(t_start=server_span[0], t_end=server_span[1])
+        rows.append(row)
+    return rows
+
+
+def condition_devices(inv: Inventory, cond: Condition) -> list[InventoryHost]:
+    """The devices a condition runs on: the first `lab.devices` of the lab (all if unset)."""
+    count = cond.playbook.lab.devices
+    return list(inv.devices if count is None else inv.devices[:count])
+
+
+def condition_profiles(devices: list[InventoryHost], cond: Condition) -> dict[str, LinkProfile]:
+    """Each device's primary-link profile in this condition: the playbook's `link`, seeded
+    with the playbook's seed unless it sets its own."""
+    link = cond.playbook.link
+    if link.seed is None:
+        link = link.model_copy(update={"seed": cond.playbook.seed})
+    return {d.name: link for d in devices}
+
+
+def link_events(lab: Lab, since: float, until: float) -> dict[str, list[dict[str, Any]]]:
+    """What happened to the links during a condition: the profile changes the packet holder
+    applied (schedules, traces, reloads) and the backup path's failovers, each time-stamped."""
+    changes = [c for c in link_changes(lab) if since <= float(c.get("at", 0.0)) <= until]
+    failovers = [f.model_dump() for f in read_failovers(failover_log(lab), since, until)]
+    return {"changes": changes, "failovers": failovers}
 
 
 def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any]:
@@ -175,36 +237,33 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
     lab, hosts = ctx.lab, ctx.hosts
     inv = lab.inventory()
     server = inv.server
-    profile = LinkProfile.build(
-        f"condition {cond.id}",
-        rtt_ms=pb.link.rtt_ms,
-        jitter_ms=pb.link.jitter_ms,
-        loss=pb.link.loss,
-        rate_mbit=pb.link.rate_mbit,
-        seed=pb.seed,
-    )
+    devices = condition_devices(inv, cond)
+    profiles = condition_profiles(devices, cond)
+    profile = next(iter(profiles.values()))
     link: dict[str, Any] = {"requested": profile.model_dump(), "loss_semantics": LOSS_SEMANTICS}
     procs: list[RemoteProcess] = []
+    t_begin = time.time()
     try:
-        ctx.say(f"{cond.id}: link rtt {pb.link.rtt_ms} ms, loss {pb.link.loss}")
-        imp = apply(lab, profile, backend=pb.link.backend)
+        ctx.say(f"{cond.id}: link rtt {profile.rtt_ms} ms, loss {profile.loss}")
+        knobs = pb.impairment
+        imp = apply_each(lab, profiles, backend=knobs.backend)
         link.update(backend=imp.backend, backend_reason=imp.reason, holder=imp.holder)
         if ctx.dry_run:
-            ctx.say(
-                f"  probe {len(inv.devices)} device links, {pb.link.probe_packets} UDP packets each"
-            )
+            ctx.say(f"  probe {len(devices)} device links, {knobs.probe_packets} UDP packets each")
         else:
-            probes = probe_links(lab, requested=profile, count=pb.link.probe_packets)
+            probes = probe_links(lab, list(profiles), requested=profile, count=knobs.probe_packets)
             link["summary"] = summarize_links(probes)
             link["probes"] = {d: r.model_dump(mode="json") for d, r in probes.items()}
             atomic_write_json(staged / "link.json", link)
-            check_links(probes, pb.link)
+            check_links(probes, profiles, knobs)
 
         records = f"runs/{cond.id}"
         server_records = f"{server.workdir}/{records}"
         hosts.run(server, f"rm -rf {shlex.quote(server_records)} && mkdir -p {server_records}")
         ctx.say(f"{cond.id}: starting the verification server on {server.name}")
         target = model_on(server, "target_model", ctx.target_model)
+        place_lab_key(hosts, [server, *devices], ensure_lab_key(lab.runtime_dir))
+        t_server = time.time()  # the server's span, on the controller's clock
         sproc = hosts.start(
             server, "sled-server", server_command(server, cond, target, server_records),
             env=AGENT_ENV,
@@ -213,22 +272,24 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
         if not ctx.dry_run:
             wait_for_file(hosts, server, f"{server_records}/ready", sproc, 120)
 
-        problems = problems_for(pb.workload, [d.name for d in inv.devices])
-        for dev in inv.devices:
+        tokenizer = None if ctx.dry_run else ctx.target_model
+        problems = problems_for(pb.workload, [d.name for d in devices], tokenizer)
+        arrivals = arrivals_for(pb.workload, [d.name for d in devices])
+        for dev in devices:
             dev_records = f"{dev.workdir}/{records}"
             hosts.run(dev, f"rm -rf {shlex.quote(dev_records)} && mkdir -p {dev_records}")
             local = staged / "inputs" / f"{dev.name}.problems.jsonl"
             local.parent.mkdir(parents=True, exist_ok=True)
-            write_problem_file(problems[dev.name], local)
+            write_problem_file(problems[dev.name], local, arrivals[dev.name])
             hosts.put(dev, local, f"{dev_records}/problems.jsonl")
-        ctx.say(f"{cond.id}: starting {len(inv.devices)} device agents")
+        ctx.say(f"{cond.id}: starting {len(devices)} device agents")
         dprocs = hosts.start_all(
             "sled-device",
             lambda h: device_command(
                 h, server, cond, model_on(h, "draft_model", ctx.draft_model),
                 f"{h.workdir}/{records}",
             ),
-            inv.devices,
+            devices,
             env=AGENT_ENV,
         )  # fmt: skip
         procs.extend(dprocs.values())
@@ -237,17 +298,21 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
         wait_for_exit(hosts, list(dprocs.values()), pb.condition_timeout_s)
         hosts.stop(sproc)
         procs.clear()
-        for dev in inv.devices:
+        info = hosts_info(hosts, [server, *devices], server.name, (t_server, time.time()))
+        for dev in devices:
             fetch(hosts, dev, f"{dev.workdir}/{records}", DEVICE_FILES, dprocs[dev.name],
                   staged / "hosts" / dev.name)  # fmt: skip
         fetch(hosts, server, server_records, SERVER_FILES, sproc, staged / "hosts" / server.name)
         answered = [p for ps in problems.values() for p in ps]
-        metrics = build_tables(staged, cond, ctx.reference(answered, pb.workload.max_new_tokens))
+        metrics = build_tables(
+            staged, cond, ctx.reference(answered, pb.workload.max_new_tokens), info
+        )
         return {"link": link, "metrics": metrics}
     finally:
         if procs:
             hosts.stop_all(procs, grace_s=2)
         clear(lab)
+        link.update(link_events(lab, t_begin, time.time()))
         if not ctx.dry_run and "summary" in link:
             atomic_write_json(staged / "link.json", link)
 
@@ -262,7 +327,10 @@ def describe_condition(entry: dict[str, Any]) -> str:
     if s.get("loss_measured") is not None:
         parts.append(f"loss {s['loss_measured']:.3f}")
     if m.get("system_tok_s") is not None:
-        parts.append(f"{m['system_tok_s']:.1f} tok/s")
+        parts.append(
+            f"verified {m['system_verified_tok_s']:.1f} + unverified "
+            f"{m['system_unverified_tok_s']:.1f} tok/s"
+        )
     if entry.get("reason"):
         parts.append(entry["reason"].splitlines()[0])
     return json.dumps(parts)[1:-1].replace('"', "")

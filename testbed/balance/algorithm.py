@@ -1,0 +1,123 @@
+"""The scheduler: resource allocation by LP relaxation, then user scheduling by rounding.
+
+For each set of open modes (AD, SD, both) the setups are paid, and the LP relaxation of the
+rest is solved to a vertex (HiGHS dual simplex). The vertex has at most two fractional users
+(docs/balance.md, Lemma 2); they are dropped, every user the vertex serves whole keeps its
+mode, then a greedy pass adds any left-out user that still fits. The best set of open modes
+wins, so the hybrid schedule serves at least as many users as AD-only or SD-only (each is one
+of the sets), and at least max(OPT - 2, min(OPT, 1)) users (docs/balance.md, Theorem 3).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import csr_array, hstack, identity, vstack
+
+from testbed.balance.exact import solve_exhaustive
+from testbed.balance.problem import AD, SD, UNSERVED, Instance, Schedule, schedule_of
+
+MODE_SETS: tuple[tuple[int, ...], ...] = ((AD,), (SD,), (AD, SD))
+INTEGRAL = 1 - 1e-7  # an LP value at least this is a whole user
+SMALL = 4  # at most this many users: exhaustive search (3^4 assignments)
+
+
+def schedule(inst: Instance, allowed: tuple[int, ...] = (AD, SD)) -> Schedule:
+    """The approximation algorithm; `allowed` restricts the modes (AD-only, SD-only)."""
+    candidates = [schedule_of(inst, np.zeros(len(inst), dtype=np.int8))]
+    for modes in (s for s in MODE_SETS if set(s) <= set(allowed)):
+        if len(inst) <= SMALL:  # optimal, and cheaper than an LP
+            candidates.append(solve_exhaustive(inst, modes))
+        else:
+            candidates.append(schedule_of(inst, _solve_open(inst, modes)))
+    return max(candidates, key=lambda c: (c.served, -_bottleneck(inst, c)))
+
+
+def _bottleneck(inst: Instance, sched: Schedule) -> float:
+    """The larger fraction of a capacity a schedule uses (ties go to the one leaving more)."""
+    return max(
+        sched.usage.compute / max(inst.compute_capacity, 1e-300),
+        sched.usage.memory / max(inst.memory_capacity, 1e-300),
+    )
+
+
+def _solve_open(inst: Instance, modes: tuple[int, ...]) -> np.ndarray:
+    """Round the LP of `inst` with `modes` open (setups paid) and fill greedily."""
+    cols = [m - 1 for m in modes]
+    cap_c = inst.compute_capacity - inst.setup_compute[cols].sum()
+    cap_m = inst.memory_capacity - inst.setup_memory[cols].sum()
+    assigned = np.zeros(len(inst), dtype=np.int8)
+    if cap_c < 0 or cap_m < 0 or len(inst) == 0:
+        return assigned
+    comp = inst.compute[:, cols] / cap_c if cap_c > 0 else np.where(inst.compute[:, cols] > 0, 2, 0)
+    mem = inst.memory[:, cols] / cap_m if cap_m > 0 else np.where(inst.memory[:, cols] > 0, 2, 0)
+    fits = (comp <= 1) & (mem <= 1)
+    users = np.flatnonzero(fits.any(axis=1))
+    if len(users) == 0:
+        return assigned
+    ok = fits[users]  # a mode a user cannot fit alone has its variable fixed at 0
+    x = _lp_vertex(np.where(ok, comp[users], 0), np.where(ok, mem[users], 0), ok)
+    whole = x >= INTEGRAL
+    for k, col in enumerate(cols):
+        assigned[users[whole[:, k]]] = col + 1
+    _repair(assigned, comp, mem, cols)
+    _fill(assigned, comp, mem, fits, cols)
+    return assigned
+
+
+def _lp_vertex(comp: np.ndarray, mem: np.ndarray, fits: np.ndarray) -> np.ndarray:
+    """A vertex of max sum(x) s.t. sum(comp x) <= 1, sum(mem x) <= 1, per-user sum <= 1."""
+    n, k = comp.shape
+    resources = csr_array(np.vstack([comp.T.ravel(), mem.T.ravel()]))
+    if k > 1:  # with one mode, "at most one mode per user" is the variable's bound
+        resources = vstack([resources, hstack([identity(n, format="csr")] * k)])
+    a_ub = resources.tocsr()
+    b_ub = np.ones(a_ub.shape[0])
+    upper = fits.T.ravel().astype(float)  # a mode a user cannot fit alone stays at 0
+    res = linprog(
+        -np.ones(n * k),
+        A_ub=a_ub,
+        b_ub=b_ub,
+        bounds=np.stack([np.zeros(n * k), upper], axis=1),
+        method="highs-ds",
+    )
+    if res.status != 0:
+        raise RuntimeError(f"balance scheduler: LP relaxation failed ({res.message})")
+    return res.x.reshape(k, n).T
+
+
+def _repair(assigned: np.ndarray, comp: np.ndarray, mem: np.ndarray, cols: list[int]) -> None:
+    """Drop the largest users while the rounded vertex exceeds a capacity (solver tolerance)."""
+    while True:
+        rows = np.flatnonzero(assigned != UNSERVED)
+        idx = np.searchsorted(np.array(cols), assigned[rows] - 1)
+        used_c, used_m = comp[rows, idx], mem[rows, idx]
+        if used_c.sum() <= 1 + 1e-12 and used_m.sum() <= 1 + 1e-12:
+            return
+        assigned[rows[np.argmax(used_c + used_m)]] = UNSERVED
+
+
+def _fill(
+    assigned: np.ndarray, comp: np.ndarray, mem: np.ndarray, fits: np.ndarray, cols: list[int]
+) -> None:
+    """Add left-out users, smallest combined demand first, to the open mode that fits best."""
+    chosen = assigned != UNSERVED
+    col_of = np.array(cols)
+    idx = np.searchsorted(col_of, assigned[chosen] - 1)
+    rows = np.flatnonzero(chosen)
+    free_c = 1 - comp[rows, idx].sum()
+    free_m = 1 - mem[rows, idx].sum()
+    size = np.where(fits, comp + mem, np.inf)
+    rest = np.flatnonzero(~chosen & fits.any(axis=1))
+    for i in rest[np.argsort(size[rest].min(axis=1), kind="stable")]:
+        ok = (comp[i] <= free_c + 1e-12) & (mem[i] <= free_m + 1e-12)
+        if not ok.any():
+            continue
+        k = int(
+            np.argmin(
+                np.where(ok, comp[i] / max(free_c, 1e-12) + mem[i] / max(free_m, 1e-12), np.inf)
+            )
+        )
+        assigned[i] = cols[k] + 1
+        free_c -= comp[i, k]
+        free_m -= mem[i, k]

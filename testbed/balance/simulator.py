@@ -1,0 +1,188 @@
+"""A discrete-event simulator of the hybrid server, driven by the profiled cost model.
+
+Users arrive over time; at each period boundary the arrivals are offered to admission
+control (refused at once or admitted into AD or SD with their compute share), and the engine
+loop of `agents.balance.loop` runs one period against a simulated executor: an AD step of b
+users costs t_L(b), an SD round g t_S(b) + t_V(b) and yields 1 + k tokens per user with k
+accepted drafts drawn from the truncated geometric law of acceptance a; prefill costs its
+per-token time. The clock is virtual, so 10,000 users take seconds. The result says which
+users finished within their deadline (task throughput), how many were refused, and the peak
+memory reserved (weights and KV caches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.balance.loop import Executor, HybridLoop
+from agents.balance.modes import AD, SD
+from testbed.balance.admission import AdmissionController, plan_modes
+from testbed.balance.costmodel import CostModel
+from testbed.balance.problem import (
+    UNSERVED,
+    Service,
+    Users,
+    make_instance,
+    user_demands,
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Users (lengths, deadlines) and their arrival times (seconds)."""
+
+    users: Users
+    arrival: np.ndarray
+
+
+def random_workload(rng: np.random.Generator, n: int, rate_per_s: float) -> Workload:
+    """Mixed lengths and deadlines, Poisson arrivals at rate_per_s."""
+    output = rng.integers(8, 64, n)
+    users = Users(
+        prompt=rng.integers(8, 160, n),
+        output=output,
+        deadline=0.1 + output * rng.uniform(0.01, 0.05, n),  # 10 to 50 ms per token
+    )
+    return Workload(users, np.cumsum(rng.exponential(1 / rate_per_s, n)))
+
+
+PLAN_MIN_USERS = 50  # the mode plan looks at no fewer recent arrivals than this
+POLICY_MODES = {"ad-only": (AD,), "sd-only": (SD,), "hybrid": (AD, SD)}
+
+
+class SimulatedExecutor:
+    """The engine's costs from the cost model, on a virtual clock."""
+
+    def __init__(self, cost: CostModel, users: Users, rng: np.random.Generator) -> None:
+        self.cost = cost
+        self.users = users
+        self.rng = rng
+        self.now = 0.0
+        self.left: dict[int, int] = {}
+
+    def clock(self) -> float:
+        return self.now
+
+    def wait_until(self, t: float) -> None:
+        self.now = max(self.now, t)
+
+    def start(self, uid: int, mode: int) -> None:
+        if uid not in self.left:  # a move keeps the tokens; only a new user is prefilled
+            self.left[uid] = int(self.users.output[uid])
+            self.now += self.cost.prefill_s(mode, int(self.users.prompt[uid]))
+
+    def step(self, mode: int, uids: list[int]) -> tuple[dict[int, int], set[int]]:
+        self.now += self.cost.step_cost(mode).time(len(uids))
+        if mode == SD:
+            g, a = self.cost.draft_len, self.cost.acceptance
+            accepted = np.minimum(self.rng.geometric(1 - a, len(uids)) - 1, g)
+            tokens = accepted + 1
+        else:
+            tokens = np.ones(len(uids), dtype=int)
+        got, done = {}, set()
+        for u, t in zip(uids, tokens):
+            got[u] = int(min(t, self.left[u]))
+            self.left[u] -= got[u]
+            if self.left[u] <= 0:
+                done.add(u)
+        return got, done
+
+    def stop(self, uid: int) -> None:
+        self.left.pop(uid, None)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    users: int
+    mode: np.ndarray  # per user: UNSERVED (refused), AD or SD
+    finish: np.ndarray  # absolute finish time, nan if refused
+    met: np.ndarray  # finished within the deadline
+    makespan_s: float
+    peak_memory_bytes: float  # weights and reserved KV, at most the budget
+
+    @property
+    def served_in_time(self) -> int:
+        return int(self.met.sum())
+
+    @property
+    def task_throughput(self) -> float:
+        """Users finished within their deadline per second."""
+        return self.served_in_time / self.makespan_s if self.makespan_s > 0 else 0.0
+
+    @property
+    def late(self) -> int:
+        return int(((self.mode != UNSERVED) & ~self.met).sum())
+
+
+def simulate(
+    cost: CostModel,
+    work: Workload,
+    memory_budget: float,
+    service: Service,
+    policy: str = "hybrid",
+    seed: int = 0,
+) -> SimResult:
+    """Run the workload through admission control and the loop on the simulated executor."""
+    executor = SimulatedExecutor(cost, work.users, np.random.default_rng(seed))
+    return serve(cost, work, memory_budget, service, executor, policy)
+
+
+def serve(
+    cost: CostModel,
+    work: Workload,
+    memory_budget: float,
+    service: Service,
+    executor: Executor,
+    policy: str = "hybrid",
+    replan_s: float = 0.5,
+) -> SimResult:
+    """Admission control and the hybrid loop over any executor (simulated or real).
+
+    The hybrid policy re-plans which modes may open every `replan_s` seconds
+    (`admission.plan_modes`); AD-only and SD-only have nothing to plan.
+    """
+    users = work.users
+    n = len(users)
+    demands = user_demands(cost, users, service)
+    inst = make_instance(cost, users, memory_budget, service)
+    admission = AdmissionController(inst)
+    rates = {AD: service.ad_steps_per_s, SD: service.sd_rounds_per_s}
+    loop = HybridLoop(executor, rates, service.period_s)
+    mode = np.full(n, UNSERVED, dtype=np.int8)
+    finish = np.full(n, np.nan)
+    fixed = cost.target.weights_bytes
+    peak = float(fixed)
+    order = np.argsort(work.arrival, kind="stable")
+    nxt = 0
+    horizon = float(np.median(users.deadline)) if n else 0.0
+    opened, planned_at = POLICY_MODES[policy], -np.inf
+    while nxt < n or loop.members:
+        if not loop.members and nxt < n:
+            executor.wait_until(float(work.arrival[order[nxt]]))
+        first = nxt
+        while nxt < n and work.arrival[order[nxt]] <= executor.clock():
+            nxt += 1
+        arrived = order[first:nxt]
+        replan = policy == "hybrid" and executor.clock() - planned_at >= replan_s
+        if len(arrived) and replan:
+            seen = order[:nxt]
+            recent = seen[work.arrival[seen] >= executor.clock() - horizon]
+            if len(recent) < PLAN_MIN_USERS:
+                recent = seen[-PLAN_MIN_USERS:]
+            opened = plan_modes(inst, recent, POLICY_MODES[policy])
+            planned_at = executor.clock()
+        for i, decision in zip(arrived, admission.offer_batch(arrived, opened)):
+            if decision.admitted:
+                mode[i] = decision.mode
+                pace = float(demands.pace[i, decision.mode - 1])
+                loop.add(int(i), decision.mode, pace, since=float(work.arrival[i]))
+        peak = max(peak, fixed + inst.memory_capacity - admission.free_memory)
+        for uid, t in loop.run_period().items():
+            finish[uid] = t
+            admission.release(int(mode[uid]), inst.compute[uid], inst.memory[uid])
+    met = finish <= work.arrival + users.deadline
+    start = float(work.arrival.min()) if n else 0.0
+    end = float(np.nanmax(finish)) if np.isfinite(finish).any() else start
+    return SimResult(n, mode, finish, met, end - start, peak)

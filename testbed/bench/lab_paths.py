@@ -1,0 +1,175 @@
+"""Host-class limits and the backup path, measured on the emulated lab (root).
+
+    testbed bench lab-paths [--pi5-cores 0.25] [--tokens 64] [--cuts 5]     (as root)
+
+1. Drafting rate per host class: a lab with one Pi 5 and one Jetson Orin Nano under their
+   class limits (CPU quota = pi5-cores x relative speed, memory = the class's RAM); the tiny
+   draft model drafts greedily with llama.cpp on both hosts over SSH at the same time.
+   Prints each class's quota, tokens/s, CPU share and the Jetson / Pi 5 ratio against the
+   class table's relative speed.
+2. Switch-over time of the backup path: a lab with one device, its primary link cut `--cuts`
+   times (a bridge-side nftables drop) while a 200 Hz UDP flow runs; prints the time from the
+   cut to the first datagram over the backup path, and from the heal to the first over the
+   primary again.
+
+Environment: TESTBED_BENCH_SUBNET (default 10.85.20.0/24; the backup path uses the next /24).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+
+import typer
+
+from testbed.hosts.control import HostControl
+from testbed.lab.backup import build_backup, read_failovers, start_monitor
+from testbed.lab.drafting_rate import measure_class_rates
+from testbed.lab.emulated import EmulatedLab
+from testbed.lab.failover import socket_in
+from testbed.lab.spec import LabSpec
+from testbed.models.tiny import ensure_tiny_pair
+from testbed.netem.profile import LinkProfile
+from testbed.topo.hosts import HOST_CLASSES
+from testbed.topo.model import TopoHost, TopoLink, Topology
+
+SUBNET = os.environ.get("TESTBED_BENCH_SUBNET", "10.85.20.0/24")
+
+
+def mixed(classes: list[str]) -> Topology:
+    hosts = [TopoHost(name="server", role="server", host_class="a100")]
+    hosts += [
+        TopoHost(name=f"dev{i}", role="device", host_class=c) for i, c in enumerate(classes, 1)
+    ]
+    wifi = LinkProfile(rtt_ms=85)
+    links = [
+        TopoLink(a=h.name, b="server", profile_name="wifi", profile=wifi)
+        for h in hosts
+        if h.role == "device"
+    ]
+    return Topology(name="bench", hosts=hosts, links=links)
+
+
+def drafting(pi5_cores: float, tokens: int) -> None:
+    model = ensure_tiny_pair().draft_gguf
+    spec = LabSpec.build(
+        name="hbench",
+        topology=mixed(["pi5", "jetson-orin-nano"]),
+        subnet=SUBNET,
+        pi5_cores=pi5_cores,
+    )
+    with EmulatedLab.running(spec) as lab, HostControl(lab.inventory()) as hc:
+        limits = {a.host_class: a for a in lab.state.limits}
+        pairs = [(h.name, h.host_class) for h in lab.devices]
+        rates = measure_class_rates(hc, pairs, model, tokens=tokens, seconds=3.0, threads=1)
+    print(
+        f"drafting rate, tiny draft model, llama.cpp 1 thread, rounds of {tokens} tokens, "
+        "3 s, both classes at once"
+    )
+    print(f"{'class':<18}{'cgroup':>8}{'quota cores':>13}{'tok/s':>9}{'cpu share':>11}")
+    for cls, r in rates.items():
+        assert r is not None
+        a = limits[cls]
+        print(
+            f"{cls:<18}{'v' + str(a.cgroup_version):>8}{a.cpu_cores:>13.3f}"
+            f"{r.tokens_per_s:>9.1f}{r.cpu_share:>11.3f}"
+        )
+    pi, jet = rates["pi5"], rates["jetson-orin-nano"]
+    assert pi is not None and jet is not None
+    want = HOST_CLASSES["jetson-orin-nano"].relative_speed / HOST_CLASSES["pi5"].relative_speed
+    print(
+        f"jetson / pi5 drafting rate: {jet.tokens_per_s / pi.tokens_per_s:.2f} "
+        f"(class table: {want:.2f})"
+    )
+
+
+def switchover(cuts: int) -> None:
+    spec = LabSpec.build(name="hbench", devices=1, subnet=SUBNET)
+    to_backup, to_primary = [], []
+    with EmulatedLab.running(spec) as lab:
+        plan = build_backup(lab)
+        log = start_monitor(lab, plan)
+        dev, server = plan.devices[0], plan.server
+        rx = socket_in(server.netns)
+        rx.bind((server.primary_ip, 9900))
+        rx.settimeout(0.1)
+        tx = socket_in(dev.netns)
+        seen: list[tuple[float, str]] = []
+        stop = threading.Event()
+
+        def receive() -> None:
+            while not stop.is_set():
+                try:
+                    _d, (src, _p) = rx.recvfrom(64)
+                except TimeoutError:
+                    continue
+                seen.append((time.time(), src))
+
+        def send() -> None:
+            while not stop.is_set():
+                tx.sendto(b"x", (server.primary_ip, 9900))
+                time.sleep(0.005)
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (receive, send)]
+        for t in threads:
+            t.start()
+        port = lab.host(dev.name).port
+
+        def first(src: str, after: float) -> float:
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                hit = next((t for t, s in seen if s == src and t > after), None)
+                if hit is not None:
+                    return hit
+                time.sleep(0.005)
+            raise RuntimeError(f"no datagram from {src} within 10 s")
+
+        time.sleep(0.5)
+        for _ in range(cuts):
+            t_cut = time.time()
+            rules = (
+                "add table bridge hcut\n"
+                "add chain bridge hcut c { type filter hook forward priority 0; }\n"
+                f'add rule bridge hcut c iifname "{port}" drop\n'
+                f'add rule bridge hcut c oifname "{port}" drop\n'
+            )
+            lab.runner.run(["nft", "-f", "-"], netns=lab.bridge_netns, input=rules)
+            to_backup.append(first(dev.backup_ip, t_cut) - t_cut)
+            time.sleep(0.5)
+            t_heal = time.time()
+            lab.runner.run(["nft", "delete", "table", "bridge", "hcut"], netns=lab.bridge_netns)
+            to_primary.append(first(dev.primary_ip, t_heal) - t_heal)
+            time.sleep(0.5)
+        stop.set()
+        for t in threads:
+            t.join()
+        events = read_failovers(log)
+    ms = [1000 * x for x in to_backup]
+    back = [1000 * x for x in to_primary]
+    print(
+        f"backup path: {cuts} cuts, probes every {plan.interval_ms:.0f} ms, "
+        f"down after {plan.down_after} lost, up after {plan.up_after} answered"
+    )
+    print(
+        f"  cut -> traffic on backup: median {statistics.median(ms):.0f} ms, max {max(ms):.0f} ms"
+    )
+    print(
+        f"  heal -> traffic on primary: median {statistics.median(back):.0f} ms, "
+        f"max {max(back):.0f} ms"
+    )
+    print(
+        f"  failovers logged: {len(events)} (route change median "
+        f"{statistics.median(e.route_ms for e in events):.1f} ms)"
+    )
+
+
+def cli(
+    pi5_cores: float = typer.Option(0.25, help="an emulated Pi 5's CPU quota, in cores"),
+    tokens: int = typer.Option(64, help="drafted tokens per round"),
+    cuts: int = typer.Option(5, help="times the primary link is cut"),
+) -> None:
+    """Host-class drafting rates (Pi 5 vs Jetson limits) and backup-path switch-over times."""
+    drafting(pi5_cores, tokens)
+    switchover(cuts)

@@ -1,0 +1,183 @@
+"""BALANCE commands: `testbed bench balance` and `testbed profile`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from testbed.errors import TestbedError
+
+if TYPE_CHECKING:
+    from testbed.balance.costmodel import CostModel
+
+
+def _load_cost(path: Path) -> CostModel:
+    """The cost model at path; a bad file exits with BAD_INPUT and the reason."""
+    from testbed.balance.costmodel import load_cost_model
+
+    try:
+        return load_cost_model(path)
+    except TestbedError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def bench_balance(
+    instances: int = typer.Option(1000, help="random instances solved exactly"),
+    min_users: int = typer.Option(4, help="users per instance, at least"),
+    max_users: int = typer.Option(30, help="users per instance, at most"),
+    sizes: str = typer.Option("10,100,1000,2000", help="user counts to time, comma-separated"),
+    repeats: int = typer.Option(5, help="timing repeats per user count (median)"),
+    seed: int = typer.Option(0, help="seed of the random instances"),
+    json_out: Path | None = typer.Option(None, "--json", help="also write the figures here"),
+) -> None:
+    """The BALANCE scheduler against the exact optimum (HiGHS) and its solve time."""
+    from rich.progress import track
+
+    from testbed.balance.bench import POLICIES, ratio_bench, solve_times
+
+    steps = iter(track(range(instances), description="instances"))
+    res = ratio_bench(instances, min_users, max_users, seed, progress=lambda: next(steps, None))
+    typer.echo(
+        f"BALANCE scheduler on {res.instances} random instances of {min_users}-{max_users} "
+        f"users (seed {seed}); served users over the exact optimum:"
+    )
+    typer.echo(f"  {'policy':<16} {'mean':>7} {'worst':>7}")
+    for name in POLICIES:
+        typer.echo(f"  {name:<16} {res.mean(name):>7.4f} {res.worst(name):>7.4f}")
+    typer.echo(
+        f"  bound max(OPT-2, min(OPT,1)) violated on {res.bound_violations} instance(s); "
+        f"infeasible schedules: {res.infeasible}"
+    )
+    times = solve_times([int(s) for s in sizes.split(",")], repeats, seed)
+    typer.echo("  solve time, median (wall / CPU):")
+    for n, t in times.items():
+        typer.echo(f"    {n:>6} users  {t.wall_s * 1e3:8.1f} ms / {t.cpu_s * 1e3:8.1f} ms")
+    if json_out:
+        figures = {
+            "instances": res.instances,
+            "ratios": {n: {"mean": res.mean(n), "worst": res.worst(n)} for n in POLICIES},
+            "bound_violations": res.bound_violations,
+            "infeasible": res.infeasible,
+            "solve_seconds": {n: {"wall": t.wall_s, "cpu": t.cpu_s} for n, t in times.items()},
+        }
+        json_out.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+DEFAULT_PROFILE = Path("results/balance/cost-model.json")
+
+
+def profile(
+    out: Path = typer.Option(DEFAULT_PROFILE, help="where to write the cost model (JSON)"),
+    draft_len: int = typer.Option(4, "--draft-len", "-k", help="drafted tokens per SD round"),
+    batches: str = typer.Option("1,2,4,8,16", help="batch sizes to time, comma-separated"),
+    repeats: int = typer.Option(7, help="timing repeats per point (median)"),
+    threads: int = typer.Option(1, help="CPU threads"),
+    device: str = typer.Option("cpu", help="torch device: cpu or cuda"),
+) -> None:
+    """Measure the BALANCE cost model on this host with the tiny pair and store it as JSON."""
+    from testbed.balance.profile import measure_cost_model
+    from testbed.models.tiny import ensure_tiny_pair
+
+    pair = ensure_tiny_pair()
+    cost = measure_cost_model(
+        pair.draft_hf,
+        pair.target_hf,
+        draft_len=draft_len,
+        batches=[int(b) for b in batches.split(",")],
+        repeats=repeats,
+        threads=threads,
+        device=device,
+    )
+    cost.save(out)
+    for name, model in (("target", cost.target), ("draft", cost.draft)):
+        typer.echo(
+            f"{name}: step {model.decode.fixed_s * 1e3:.3f} ms + {model.decode.per_seq_s * 1e3:.3f}"
+            f" ms/seq, prefill {model.prefill_per_token_s * 1e6:.1f} us/token, KV "
+            f"{model.kv_bytes_per_token} B/token, weights {model.weights_bytes / 2**20:.2f} MiB"
+        )
+    typer.echo(
+        f"verify (g+1={draft_len + 1}): {cost.verify.fixed_s * 1e3:.3f} ms + "
+        f"{cost.verify.per_seq_s * 1e3:.3f} ms/seq; acceptance a={cost.acceptance:.3f}, "
+        f"{cost.tokens_per_round:.2f} tokens/round\nwritten to {out}"
+    )
+
+
+def bench_balance_sim(
+    cost_file: Path = typer.Option(DEFAULT_PROFILE, "--cost", help="cost model from `profile`"),
+    users: str = typer.Option("100,1000,10000", help="user counts, comma-separated"),
+    budgets_mib: str = typer.Option("6.5,8,12,24", help="memory budgets (MiB), comma-separated"),
+    rate: float = typer.Option(50.0, help="arrivals per second"),
+    seed: int = typer.Option(1, help="seed of the workload"),
+    fixed_share: float = typer.Option(
+        0.25, help="share of the server each open mode's fixed step cost takes (step rates)"
+    ),
+) -> None:
+    """Simulated task throughput of AD-only, SD-only and hybrid over users and memory."""
+    import numpy as np
+
+    from testbed.balance.problem import default_service
+    from testbed.balance.simulator import POLICY_MODES, random_workload, simulate
+
+    cost = _load_cost(cost_file)
+    service = default_service(cost, fixed_share=fixed_share)
+    typer.echo(
+        f"{'users':>6} {'MiB':>6}  "
+        + "  ".join(f"{p + ' in time/late':>20}" for p in POLICY_MODES)
+        + f"  {'peak MiB':>8}"
+    )
+    for n in (int(u) for u in users.split(",")):
+        work = random_workload(np.random.default_rng(seed), n, rate)
+        for mib in (float(b) for b in budgets_mib.split(",")):
+            res = {p: simulate(cost, work, mib * 2**20, service, p) for p in POLICY_MODES}
+            cells = "  ".join(f"{r.served_in_time:>14}/{r.late:<5}" for r in res.values())
+            peak = max(r.peak_memory_bytes for r in res.values()) / 2**20
+            typer.echo(f"{n:>6} {mib:>6.1f}  {cells}  {peak:>8.2f}")
+
+
+def bench_balance_check(
+    cost_file: Path = typer.Option(DEFAULT_PROFILE, "--cost", help="cost model from `profile`"),
+    users: int = typer.Option(40, help="users (arithmetic problems) in the workload"),
+    rate: float = typer.Option(10.0, help="arrivals per second"),
+    budget_mib: float = typer.Option(8.0, help="memory budget (MiB)"),
+    threads: int = typer.Option(1, help="CPU threads"),
+    seed: int = typer.Option(0, help="seed of the workload"),
+) -> None:
+    """The simulator against the real engine on the tiny pair; KV accounting against RSS."""
+    import numpy as np
+
+    from testbed.balance.problem import default_service
+    from testbed.balance.simulator import POLICY_MODES
+    from testbed.balance.validate import check_memory, compare_with_engine
+    from testbed.models.tiny import ensure_tiny_pair
+
+    cost = _load_cost(cost_file)
+    pair = ensure_tiny_pair()
+    typer.echo(f"{users} users at {rate}/s, {budget_mib} MiB; measured (engine) vs simulated")
+    for policy in POLICY_MODES:
+        c = compare_with_engine(
+            cost,
+            pair.draft_hf,
+            pair.target_hf,
+            users,
+            rate,
+            budget_mib * 2**20,
+            default_service(cost),
+            policy,
+            seed,
+            threads,
+        )
+        typer.echo(
+            f"  {policy:<8} in time {c.measured.served_in_time:>4}/{c.predicted.served_in_time:<4}"
+            f" late {c.measured.late:>3} / {c.predicted.late:<3} completion-time error: mean |e| "
+            f"{c.mean_abs_error:.1%}, median {float(np.median(c.latency_error)):+.1%}"
+        )
+    mem = check_memory(cost, pair.draft_hf, pair.target_hf)
+    typer.echo(
+        f"  memory: {mem.users} SD users x {mem.tokens} tokens, KV by the cost model "
+        f"{mem.predicted_bytes / 2**20:.1f} MiB, measured growth {mem.measured_bytes / 2**20:.1f}"
+        f" MiB ({mem.ratio:.2f}x)"
+    )

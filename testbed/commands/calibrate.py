@@ -1,0 +1,151 @@
+"""`testbed lab calibrate` and `testbed bench link`: measure what the emulated links do."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from testbed.netem.calibrate import Calibration, LossVerdict
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def describe(c: Calibration) -> str:
+    """One line per link and profile."""
+    parts = [f"{c.profile} {c.device} [{c.backend}]:"]
+    if c.rtt_p50_ms is None:
+        parts.append("no echo came back;")
+    else:
+        parts.append(
+            f"rtt p50 {_fmt(c.rtt_p50_ms)} p99 {_fmt(c.rtt_p99_ms)} ms, |error| p50 "
+            f"{_fmt(c.rtt_error_p50_ms)} p99 {_fmt(c.rtt_error_p99_ms)} ms, jitter std "
+            f"{_fmt(c.jitter_std_ms)} ipdv {_fmt(c.jitter_ipdv_ms)} ms;"
+        )
+    for label, chk, ge in (("up", c.loss_up, c.bursts_up), ("down", c.loss_down, c.bursts_down)):
+        if chk.rate is None:
+            parts.append(f"loss {label} -;")
+            continue
+        lo, hi = chk.rate_ci95
+        mark = {True: "ok", False: "OUTSIDE the request's 95% interval", None: "GE"}[chk.within]
+        parts.append(
+            f"loss {label} {100 * chk.rate:.2f}% (95% CI {100 * lo:.2f}-{100 * hi:.2f}, "
+            f"asked {100 * chk.requested:.2f}%) {mark};"
+        )
+        if ge is not None:
+            parts.append(
+                f"GE {label} loss {_fmt(ge.measured_mean_loss)} vs model "
+                f"{ge.model_mean_loss:.3f}, burst {_fmt(ge.measured_mean_burst, 2)} vs model "
+                f"{ge.model_mean_burst:.2f} ({ge.bursts} bursts);"
+            )
+    if c.throughput_mbit is not None:
+        parts.append(
+            f"echo throughput {c.throughput_mbit:.2f} Mbit/s (limit {c.requested.rate_mbit:g})"
+        )
+    return " ".join(parts)
+
+
+def _print(rows: list[Calibration], as_json: bool) -> None:
+    for r in rows:
+        sys.stdout.write((r.model_dump_json() if as_json else describe(r)) + "\n")
+
+
+def _print_verdict(v: LossVerdict) -> None:
+    for key, (lost, of, asked, ok) in v.pooled.items():
+        typer.echo(
+            f"  {key}: {lost}/{of} lost over all links ({100 * lost / max(of, 1):.2f}%, "
+            f"asked {100 * asked:g}%) {'inside' if ok else 'OUTSIDE'} its 95 % interval"
+        )
+    typer.echo(
+        f"single links inside their 95 % interval: {v.inside}/{v.checks} (misses against "
+        f"the 5 % a 95 % interval allows: binomial p = {v.misses_p:.2f}); "
+        f"loss {'as asked' if v.ok else 'NOT as asked'}"
+    )
+
+
+def calibrate(
+    profiles: Annotated[
+        Path | None,
+        typer.Option(help="YAML mapping name -> link profile (default: a built-in set at 85 ms)."),
+    ] = None,
+    device: Annotated[
+        list[str] | None,
+        typer.Option("--device", "-d", help="Device name (repeat); default: every device."),
+    ] = None,
+    count: Annotated[int, typer.Option(help="Probe packets per link and profile.")] = 500,
+    interval: Annotated[float, typer.Option(help="Interval between packets, ms.")] = 5.0,
+    backend: Annotated[str, typer.Option(help="auto, netem or nfqueue.")] = "auto",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON line per link and profile.")
+    ] = False,
+    name: Annotated[str, typer.Option("--name", help="Lab name.")] = "lab",
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Lab state folder.")] = None,
+) -> None:
+    """Apply each profile, count packets on both sides of the hop, compare with the model."""
+    from testbed.commands.lab import _guard, _site
+    from testbed.netem.calibrate import (
+        DEFAULT_PROFILES,
+        calibrate,
+        load_profiles,
+        loss_verdict,
+    )
+
+    with _guard():
+        site = _site(name, state_dir, None, False)
+        chosen = load_profiles(profiles) if profiles else DEFAULT_PROFILES
+        rows = calibrate(site, chosen, device, count, interval, backend=backend)  # type: ignore[arg-type]
+        _print(rows, as_json)
+        verdict = loss_verdict(rows)
+        if not as_json:
+            _print_verdict(verdict)
+        if not verdict.ok:
+            raise typer.Exit(4)
+
+
+def link(
+    devices: Annotated[int, typer.Option(help="Devices of the temporary lab.")] = 16,
+    rtt: Annotated[float, typer.Option(help="RTT of every link, ms.")] = 85.0,
+    count: Annotated[int, typer.Option(help="Probe packets per link and loss rate.")] = 500,
+    interval: Annotated[float, typer.Option(help="Interval between packets, ms.")] = 5.0,
+    lab: Annotated[str | None, typer.Option(help="Use this running lab instead.")] = None,
+    lab_name: Annotated[str, typer.Option(help="Name of the temporary lab.")] = "blink",
+    subnet: Annotated[str, typer.Option(help="Subnet of the temporary lab.")] = "10.79.211.0/24",
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write rows here.")] = None,
+) -> None:
+    """Link fidelity at every loss rate, all devices loaded at once (userspace backend)."""
+    import time
+
+    from testbed.bench.link import GOAL_MEDIAN_MS, GOAL_P99_MS, run_link_bench
+    from testbed.commands.lab import _guard
+    from testbed.lab import EmulatedLab, LabSpec
+
+    with _guard():
+        t0 = time.monotonic()
+        if lab:
+            site, own = EmulatedLab.find(lab), False
+        else:
+            spec = LabSpec.build("bench link", name=lab_name, devices=devices, subnet=subnet)
+            site, own = EmulatedLab.up(spec), True
+        up_s = time.monotonic() - t0
+        try:
+            res = run_link_bench(site, rtt, count=count, interval_ms=interval)
+        finally:
+            if own:
+                site.down()
+        _print(res.rows, False)
+        typer.echo(
+            f"RTT {rtt:g} ms, {res.devices} devices at once: worst median |error| "
+            f"{res.worst_median_error_ms:.3f} ms (goal <= {GOAL_MEDIAN_MS}), worst p99 "
+            f"{res.worst_p99_error_ms:.3f} ms (goal <= {GOAL_P99_MS}); lab up {up_s:.1f} s"
+        )
+        _print_verdict(res.loss)
+        if json_out:
+            json_out.write_text(json.dumps([r.model_dump(mode="json") for r in res.rows]))
+        if not res.meets_goals:
+            raise typer.Exit(1)

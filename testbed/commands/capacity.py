@@ -1,0 +1,37 @@
+"""`testbed capacity PLAYBOOK --rate R`: the largest device count at which every device keeps
+R verified tokens/s, by bisection over real runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from testbed.errors import TestbedError
+
+
+def capacity(
+    playbook: Path = typer.Argument(..., help="a one-condition playbook (no sweep)"),
+    rate: float = typer.Option(..., help="verified tokens/s every device must keep"),
+    low: int = typer.Option(1, help="smallest device count to probe"),
+    high: int = typer.Option(64, help="largest device count to probe"),
+    out: Path | None = typer.Option(None, help="folder for the probes' runs (default results/)"),
+    mode: str | None = typer.Option(None, help="override the playbook's mode: sled, centralized"),
+) -> None:
+    """Bisect the device count; print each probe's figure and the capacity."""
+    import time
+
+    from testbed.paths import results_dir
+    from testbed.runner.capacity import run_capacity
+
+    folder = out or results_dir() / f"capacity-{playbook.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        result = run_capacity(playbook, rate, folder, low, high, say=typer.echo, mode=mode)
+    except TestbedError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(exc.exit_code) from None
+    typer.echo(f"{'devices':>8} {'min verified tok/s per device':>30}")
+    for n, figure in sorted(result.measured.items()):
+        shown = "-" if figure is None else f"{figure:.2f}"
+        typer.echo(f"{n:>8} {shown:>30}{'  keeps' if result.keeps(n) else ''}")
+    typer.echo(f"capacity at {rate} tok/s: {result.capacity} devices ({folder}/capacity.json)")

@@ -1,0 +1,38 @@
+"""`testbed validate FILE`: check a playbook (and every condition of its sweep) without running."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from testbed.config.playbook import DEFAULT_MAX_CONDITIONS
+from testbed.errors import TestbedError
+
+FULL_CHECK = 10_000  # up to this many conditions, validate resolves every one
+
+
+def validate(
+    playbook: Path = typer.Argument(..., help="experiment playbook (YAML)"),
+    max_conditions: int = typer.Option(
+        DEFAULT_MAX_CONDITIONS, help="refuse a sweep with more conditions than this"
+    ),
+) -> None:
+    """Validate the playbook and resolve every condition of its sweep; print what would run."""
+    from testbed.config.playbook import expand, load_playbook
+
+    try:
+        pb = load_playbook(playbook)
+        sweep = expand(pb, str(playbook), max_conditions)
+        whole = len(sweep) <= FULL_CHECK
+        if whole:
+            for _ in sweep:  # each condition validated as a whole playbook
+                pass
+        else:
+            sweep.check_values()
+    except TestbedError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(exc.exit_code) from None
+    keys = ", ".join(f"{k} ({len(v)})" for k, v in pb.sweep.items()) or "no sweep"
+    how = "every condition checked" if whole else "each swept value checked on its own"
+    typer.echo(f"{playbook}: valid; {len(sweep):,} conditions ({keys}); {how}")

@@ -1,0 +1,233 @@
+"""The backup path: a second link per device to the server, and failover between the two.
+
+    bridge netns tb-<lab>-sw:  br0 ── p-<host> ── eth0 in each host   (primary, lab subnet)
+                               br1 ── b-<host> ── eth1 in each host   (backup, its own subnet)
+
+Devices keep addressing the server's primary IP. A link monitor (`testbed.lab.failover`, one
+process for the whole lab, tagged `tb-<lab>-failover`) probes the server's primary IP from every
+device over the primary interface alone and echoes the probes in the server's namespace. When
+a device's probes go unanswered past the timeout (at least `min_rto_ms`, more on a slow link),
+it adds the route `<server ip>/32 dev eth1` in that device's namespace: the longer prefix wins
+over the primary subnet's, so the device's traffic (and the server's replies, sent to the
+device's backup address) moves to the backup link. When `up_after` probes in a row are answered
+again, the route is deleted and traffic returns to the primary. Each switch is one JSON line in
+the failover log (`Failover`, time-stamped) for the run's records.
+
+Backup ports are named `b-<host>`; `backup_site(lab)` is the lab seen through them, for an
+impairment backend to give the backup links their own profile (a backend that rewrites one
+rule set per bridge namespace, as the NFQUEUE one does, must apply both paths in one go).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import select
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from testbed.errors import LabError
+from testbed.lab import naming
+from testbed.lab.discover import TAG_FLAG
+from testbed.lab.interface import LinkSite
+from testbed.lab.spec import LabHost
+from testbed.lab.system import SystemRunner
+
+BACKUP_BRIDGE = "br1"
+BACKUP_IFACE = "eth1"
+MONITOR_PORT = 9877
+PLAN_FILE = "backup-plan.json"
+FAILOVER_LOG = "failovers.jsonl"
+
+
+def backup_port(host: str) -> str:
+    """A host's backup veth end on the bridge."""
+    return f"b-{host}"
+
+
+def monitor_tag(lab: str) -> str:
+    return f"{naming.netns_prefix(lab)}failover"
+
+
+class PathEnd(BaseModel):
+    """One host's two addresses and namespace, as the monitor needs them."""
+
+    name: str
+    netns: str
+    primary_ip: str
+    backup_ip: str
+
+
+class BackupPlan(BaseModel):
+    """The backup network of a lab and how its monitor judges the primary links."""
+
+    lab: str
+    subnet: ipaddress.IPv4Network
+    server: PathEnd
+    devices: list[PathEnd]
+    port: int = MONITOR_PORT
+    interval_ms: float = Field(20.0, gt=0, description="probe period per device")
+    down_after: int = Field(3, ge=1, description="unanswered probes in a row: primary down")
+    up_after: int = Field(5, ge=1, description="answered probes in a row: primary back")
+    min_rto_ms: float = Field(
+        200.0,
+        gt=0,
+        description="a probe counts as lost after max(this, srtt + 4 rttvar): as long as the "
+        "device's own verification timeout, so a profile change that raises the RTT is not "
+        "taken for a cut",
+    )
+
+
+class Failover(BaseModel):
+    """One switch of one device's traffic between its paths."""
+
+    t: float = Field(description="wall-clock time of the route change (time.time())")
+    device: str
+    to: Literal["backup", "primary"]
+    unanswered: int
+    srtt_ms: float | None
+    route_ms: float = Field(description="how long the route change itself took")
+
+
+def default_backup_subnet(primary: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
+    """The subnet right after the lab's (same size)."""
+    return ipaddress.IPv4Network(
+        (int(primary.network_address) + primary.num_addresses, primary.prefixlen)
+    )
+
+
+def build_backup(
+    lab: LinkSite, subnet: ipaddress.IPv4Network | None = None, *, prefix_len: int = 24
+) -> BackupPlan:
+    """Add the backup bridge and every host's backup link to a running lab; returns the plan.
+
+    Hosts keep their place: host i of the lab gets address i of `subnet` (default: the subnet
+    after the lab's). The links go when the lab's namespaces go.
+    """
+    r: SystemRunner = lab.runner
+    sw = lab.bridge_netns
+    if sw is None:
+        raise LabError(f"lab {lab.name}: no bridge namespace to add a backup path to")
+    primary = ipaddress.IPv4Network(f"{lab.server.ip}/{prefix_len}", strict=False)
+    subnet = subnet or default_backup_subnet(primary)
+    base = int(subnet.network_address)
+    ends = {}
+    r.run(["ip", "-n", sw, "link", "add", BACKUP_BRIDGE, "type", "bridge"])
+    r.run(["ip", "-n", sw, "link", "set", BACKUP_BRIDGE, "up"])
+    for host in lab.hosts:
+        offset = int(ipaddress.IPv4Address(host.ip)) - int(primary.network_address)
+        ip = str(ipaddress.IPv4Address(base + offset))
+        port = backup_port(host.name)
+        r.run(
+            ["ip", "link", "add", BACKUP_IFACE, "netns", host.netns, "type", "veth"]
+            + ["peer", "name", port, "netns", sw]
+        )
+        r.run(["ip", "-n", sw, "link", "set", port, "master", BACKUP_BRIDGE, "up"])
+        r.run(
+            ["ip", "-n", host.netns, "addr", "add", f"{ip}/{subnet.prefixlen}", "dev", BACKUP_IFACE]
+        )
+        r.run(["ip", "-n", host.netns, "link", "set", BACKUP_IFACE, "up"])
+        ends[host.name] = PathEnd(
+            name=host.name, netns=host.netns, primary_ip=host.ip, backup_ip=ip
+        )
+    plan = BackupPlan(
+        lab=lab.name,
+        subnet=subnet,
+        server=ends[lab.server.name],
+        devices=[ends[d.name] for d in lab.devices],
+    )
+    r.write_file(lab.runtime_dir / PLAN_FILE, plan.model_dump_json(indent=2))
+    return plan
+
+
+class _BackupSite:
+    """A lab seen through its backup ports (`b-<host>`), for the impairment backends."""
+
+    def __init__(self, lab: LinkSite) -> None:
+        self._lab = lab
+        self.runner = lab.runner
+
+    @property
+    def name(self) -> str:
+        return self._lab.name
+
+    @property
+    def bridge_netns(self) -> str | None:
+        return self._lab.bridge_netns
+
+    def _backup(self, h: LabHost) -> LabHost:
+        return h.model_copy(update={"port": backup_port(h.name)})
+
+    @property
+    def hosts(self) -> list[LabHost]:
+        return [self._backup(h) for h in self._lab.hosts]
+
+    @property
+    def server(self) -> LabHost:
+        return self._backup(self._lab.server)
+
+    @property
+    def devices(self) -> list[LabHost]:
+        return [self._backup(h) for h in self._lab.devices]
+
+    @property
+    def runtime_dir(self) -> Path:
+        return self._lab.runtime_dir / "backup"
+
+    def host(self, name: str) -> LabHost:
+        return self._backup(self._lab.host(name))
+
+
+def backup_site(lab: LinkSite) -> LinkSite:
+    """The lab's backup links as a `LinkSite`: pass it to `testbed.netem.apply` to give them
+    their own profile."""
+    return _BackupSite(lab)
+
+
+# --- the monitor ---------------------------------------------------------------------------
+
+
+def start_monitor(lab: LinkSite, plan: BackupPlan, python: str = sys.executable) -> Path:
+    """Start the lab's link monitor (in the root namespace); returns its failover log.
+
+    Waits until it has its sockets in every namespace (it prints `ready`).
+    """
+    run_dir = lab.runtime_dir
+    plan_file, log = run_dir / PLAN_FILE, failover_log(lab)
+    lab.runner.write_file(plan_file, plan.model_dump_json(indent=2))
+    argv = [python, "-m", "testbed.lab.failover", "--plan", str(plan_file), "--log", str(log)]
+    argv += [TAG_FLAG, monitor_tag(plan.lab)]
+    proc = lab.runner.spawn(argv, stdout=subprocess.PIPE, stderr_path=run_dir / "failover.err")
+    if proc is None:
+        return log
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 20.0)
+    line = proc.stdout.readline().decode().strip() if ready else ""
+    if line != "ready":
+        proc.kill()
+        err = (run_dir / "failover.err").read_text()[-2000:]
+        raise LabError(f"lab {plan.lab}: the failover monitor did not start: {line!r} {err}")
+    return log
+
+
+def load_plan(lab: LinkSite) -> BackupPlan | None:
+    """The backup plan of a lab that has a backup path (None otherwise)."""
+    path = lab.runtime_dir / PLAN_FILE
+    return BackupPlan.model_validate_json(path.read_text()) if path.exists() else None
+
+
+def failover_log(lab: LinkSite) -> Path:
+    """Where the lab's monitor logs its failovers (read it with `read_failovers`)."""
+    return lab.runtime_dir / FAILOVER_LOG
+
+
+def read_failovers(log: Path, since: float = 0.0, until: float = float("inf")) -> list[Failover]:
+    """The switches the monitor logged between wall-clock times `since` and `until` (e.g. one
+    condition's span), in order."""
+    if not log.exists():
+        return []
+    events = [Failover.model_validate_json(x) for x in log.read_text().splitlines() if x.strip()]
+    return [e for e in events if since <= e.t <= until]

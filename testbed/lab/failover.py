@@ -1,0 +1,213 @@
+"""The backup path's link monitor: one process per lab (see `testbed.lab.backup`).
+
+    python -m testbed.lab.failover --plan PLAN.json --log failovers.jsonl --tag tb-<lab>-failover
+
+It runs in the root namespace and holds one UDP socket in each lab namespace (made there with
+setns): an echo socket on the server's primary address, and per device a probe socket bound to
+the primary interface alone (SO_BINDTODEVICE), so probes never follow the failover route.
+Every `interval_ms` each device probes the server. A probe is lost once older than the RTO,
+max(min_rto_ms, srtt + 4 rttvar) (RFC 6298 estimates); a late echo still gives an RTT sample.
+Runs are counted in sequence order: `down_after` lost probes in a row move the device's traffic
+to the backup link (route `<server ip>/32 dev eth1` in its namespace); `up_after` answered
+probes in a row move it back (route deleted). Each move is one JSON line (`Failover`) in the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import selectors
+import socket
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testbed.lab import naming
+from testbed.lab.backup import BACKUP_IFACE, BackupPlan, Failover, PathEnd
+
+PROBE = struct.Struct("!Qd")
+LATE_S = 5.0
+"""How long a lost probe's echo still counts as a sign of life."""
+
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def socket_in(netns: str) -> socket.socket:
+    """A UDP socket made inside namespace `netns` (it stays there after we switch back)."""
+    own = os.open("/proc/self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+    try:
+        if _libc.setns(target, _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {netns}")
+        try:
+            return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        finally:
+            if _libc.setns(own, _CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back")
+    finally:
+        os.close(own)
+        os.close(target)
+
+
+@dataclass
+class PrimaryPath:
+    """What the monitor knows of one device's primary path."""
+
+    end: PathEnd
+    sock: socket.socket
+    on_backup: bool = False
+    pending: dict[int, float] = field(default_factory=dict)  # seq -> sent (monotonic)
+    lost: dict[int, float] = field(default_factory=dict)  # past the RTO, echo still welcome
+    unanswered: int = 0  # lost probes in a row (by sequence number)
+    answered: int = 0  # answered probes in a row (by sequence number)
+    newest_answered: int = 0
+    newest_lost: int = 0
+    srtt: float | None = None
+    rttvar: float = 0.0
+
+    def rto(self, plan: BackupPlan) -> float:
+        floor = plan.min_rto_ms / 1000
+        return floor if self.srtt is None else max(floor, self.srtt + 4 * self.rttvar)
+
+    def echo(self, seq: int, now: float) -> None:
+        """An echo came back: an RTT sample, and the path is alive."""
+        sent = self.pending.pop(seq, None)
+        if sent is None:
+            sent = self.lost.pop(seq, None)
+        if sent is None:
+            return
+        rtt = now - sent
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:  # RFC 6298 gains
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        if seq > self.newest_lost:  # a late echo does not undo losses that came after it
+            self.unanswered = 0
+            self.answered += 1
+        self.newest_answered = max(self.newest_answered, seq)
+
+    def expire(self, plan: BackupPlan, now: float) -> None:
+        """Count the probes that went past the RTO unanswered."""
+        rto = self.rto(plan)
+        for seq, sent in list(self.pending.items()):
+            if now - sent > rto:
+                self.lost[seq] = self.pending.pop(seq)
+                if seq > self.newest_answered:  # nor an old loss answers that came after it
+                    self.unanswered += 1
+                    self.answered = 0
+                self.newest_lost = max(self.newest_lost, seq)
+        for seq, sent in list(self.lost.items()):
+            if now - sent > LATE_S:
+                del self.lost[seq]
+
+    def decision(self, plan: BackupPlan) -> str | None:
+        """ "backup", "primary" or None (stay)."""
+        if not self.on_backup and self.unanswered >= plan.down_after:
+            return "backup"
+        if self.on_backup and self.answered >= plan.up_after:
+            return "primary"
+        return None
+
+
+def move_route(netns: str, server_ip: str, to: str) -> float:
+    """Send the device's traffic to the server over `to`; returns how long it took (ms)."""
+    t0 = time.monotonic()
+    verb = "replace" if to == "backup" else "del"
+    argv = ["ip", "-n", netns, "route", verb, f"{server_ip}/32", "dev", BACKUP_IFACE]
+    subprocess.run(argv, check=to == "backup", capture_output=True)
+    return (time.monotonic() - t0) * 1000
+
+
+def _drain(sock: socket.socket) -> list[tuple[bytes, tuple[str, int]]]:
+    """Every datagram waiting on a non-blocking socket."""
+    got = []
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            got.append(sock.recvfrom(64))
+    return got
+
+
+def monitor(plan: BackupPlan, log: Path) -> None:
+    """Probe every device's primary path and move its route on loss and recovery (forever).
+
+    Probes go out, and paths are judged, once per `interval_ms`; in between the process sleeps
+    in epoll and answers or records echoes as they come.
+    """
+    server_ip = plan.server.primary_ip
+    echo = socket_in(plan.server.netns)
+    echo.bind((server_ip, plan.port))
+    echo.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(echo, selectors.EVENT_READ, None)
+    paths = []
+    for end in plan.devices:
+        s = socket_in(end.netns)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, naming.HOST_IFACE.encode())
+        s.bind((end.primary_ip, 0))
+        s.setblocking(False)
+        path = PrimaryPath(end, s)
+        sel.register(s, selectors.EVENT_READ, path)
+        paths.append(path)
+    print("ready", flush=True)
+    interval, seq = plan.interval_ms / 1000, 0
+    next_probe = time.monotonic()
+    with log.open("a") as out:
+        while True:
+            now = time.monotonic()
+            if now >= next_probe:
+                seq += 1
+                for p in paths:
+                    p.expire(plan, now)
+                    to = p.decision(plan)
+                    if to is not None:
+                        out.write(switch(p, server_ip, to).model_dump_json() + "\n")
+                        out.flush()
+                    p.pending[seq] = now
+                    with contextlib.suppress(OSError):
+                        p.sock.sendto(PROBE.pack(seq, now), (server_ip, plan.port))
+                next_probe += interval
+            for key, _ in sel.select(max(0.0, next_probe - time.monotonic())):
+                now = time.monotonic()
+                for data, addr in _drain(key.fileobj):  # type: ignore[arg-type]
+                    if key.data is None:
+                        echo.sendto(data, addr)
+                    elif len(data) >= PROBE.size:
+                        key.data.echo(PROBE.unpack(data[: PROBE.size])[0], now)
+
+
+def switch(path: PrimaryPath, server_ip: str, to: str) -> Failover:
+    """Move a device's traffic to path `to` and say so."""
+    wall = time.time()
+    took = move_route(path.end.netns, server_ip, to)
+    path.on_backup = to == "backup"
+    return Failover(
+        t=wall,
+        device=path.end.name,
+        to=to,
+        unanswered=path.unanswered,
+        srtt_ms=None if path.srtt is None else path.srtt * 1000,
+        route_ms=took,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Backup-path link monitor of one lab.")
+    ap.add_argument("--plan", type=Path, required=True, help="the lab's backup plan (JSON)")
+    ap.add_argument("--log", type=Path, required=True, help="failover log (JSON lines)")
+    ap.add_argument("--tag", help="process tag (lets `testbed lab clean` find it)")
+    args = ap.parse_args(argv)
+    plan = BackupPlan.model_validate_json(args.plan.read_text())
+    with contextlib.suppress(KeyboardInterrupt):
+        monitor(plan, args.log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

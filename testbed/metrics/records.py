@@ -1,0 +1,228 @@
+"""Typed records, one dataclass per table, and the pyarrow schema each one defines.
+
+Agents write plain JSON lines (they must not import the controller); the controller reads
+them into these records. A table's pyarrow schema is derived from its dataclass, so a column
+is declared once: `int`/`float`/`str`/`bool` map to int64/float64/string/bool, and an
+`X | None` field is a nullable column that may be absent from the agent's file.
+
+Times (`t_*`) are seconds since the epoch *on the host that wrote the record*; durations are
+only ever taken between two times of one host (see `testbed.metrics.stats`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+ARROW_TYPES: dict[type, pa.DataType] = {
+    int: pa.int64(),
+    float: pa.float64(),
+    str: pa.string(),
+    bool: pa.bool_(),
+}
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One device round: draft, then a verdict (`verified`) or the draft kept (`fallback`); in
+    the centralized mode one `centralized` round per request (the server generated it all).
+
+    Beside these columns the agents write `conf` (the drafter's probability of each drafted
+    token, a list) and look-ahead counters; they are kept as extra columns."""
+
+    table: ClassVar[str] = "rounds"
+    condition: str
+    dev: str
+    problem: str
+    round: int
+    t_start: float
+    t_end: float
+    mode: str  # "verified", "fallback" or "centralized"
+    tokens: int  # tokens the round added to the answer (after EOS / budget cut)
+    drafted: int = 0
+    draft_len: int | None = None  # the draft length the device chose (adaptive drafting)
+    accepted: int | None = None  # verified rounds: drafts the target accepted
+    attempts: int = 0
+    rtt_ms: float | None = None
+    waited_ms: float = 0.0
+    draft_ms: float = 0.0
+    batch: int | None = None
+    server_queue_ms: float | None = None
+    server_compute_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One answered problem on one device (times on that device's clock)."""
+
+    table: ClassVar[str] = "requests"
+    condition: str
+    dev: str
+    problem: str
+    t_start: float
+    t_end: float
+    tokens: int
+    verified_tokens: int
+    fallback_tokens: int
+    rounds: int
+    prompt_tokens: int = 0
+    t_arrival: float | None = None  # open-loop arrivals: when the request arrived (may wait)
+    text: str = ""
+    reference: str | None = None
+    strict_correct: bool | None = None
+    flexible_correct: bool | None = None
+    target_text: str | None = None  # the target's own greedy answer (controller, AD)
+    matches_target: bool | None = None
+    target_strict_correct: bool | None = None  # the target's own answer, scored alike
+    target_flexible_correct: bool | None = None
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """One host's part in a condition: when its agent ran, its class, its clock offset.
+
+    Devices report their own start and end (status file, `clock` "own"); the server's span is
+    timed by the controller around starting and stopping it (`clock` "controller").
+    """
+
+    table: ClassVar[str] = "hosts"
+    condition: str
+    dev: str  # the host's name
+    t_start: float
+    t_end: float
+    answered: int = 0
+    role: str = "device"
+    host_class: str | None = None
+    clock: str = "own"  # whose clock t_start / t_end are on: "own" or "controller"
+    clock_offset_s: float | None = None  # host clock - controller clock (metrics.clocks)
+    clock_offset_err_s: float | None = None
+    power_w: float | None = None  # mean measured power, where the host reports it
+
+
+@dataclass(frozen=True)
+class LinkRecord:
+    """One device-server path of a condition: the profile asked for and what the probe saw."""
+
+    table: ClassVar[str] = "links"
+    condition: str
+    dev: str
+    backend: str | None = None
+    rtt_requested_ms: float | None = None
+    loss_requested: float | None = None  # per direction (a round trip survives (1-p)^2)
+    rtt_measured_ms: float | None = None
+    rtt_error_p99_ms: float | None = None
+    loss_up_measured: float | None = None
+    loss_down_measured: float | None = None
+    loss_within_95: bool | None = None
+
+
+@dataclass(frozen=True)
+class LinkChangeRecord:
+    """A link profile change during a condition (a schedule step, a cut, a heal)."""
+
+    table: ClassVar[str] = "link_changes"
+    condition: str
+    dev: str
+    t: float  # controller clock
+    rtt_ms: float | None = None
+    loss: float | None = None
+    rate_mbit: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class VerificationRecord:
+    """One verification on the server (server clock)."""
+
+    table: ClassVar[str] = "verifications"
+    condition: str
+    dev: str
+    t: float
+    rid: int
+    sid: str
+    drafted: int
+    accepted: int
+    fed: int
+    batch: int
+    queue_ms: float
+    compute_ms: float
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """One batched target forward on the server (server clock)."""
+
+    table: ClassVar[str] = "batches"
+    condition: str
+    t: float
+    batch: int
+    tokens: int
+    compute_ms: float
+
+
+@dataclass(frozen=True)
+class ConditionRecord:
+    """One condition of a run, from its journal entry. Beside these columns the table holds
+    `sweep.<key>` (the swept values), `link_requested.<field>` and the figures of
+    `ConditionStats.as_row`."""
+
+    table: ClassVar[str] = "conditions"
+    condition: str
+    index: int
+    status: str  # "done" or "failed"
+    label: str
+    reason: str = ""
+    seconds: float | None = None  # controller clock, start to journal
+    backend: str | None = None
+    rtt_measured_ms: float | None = None
+    rtt_error_p99_ms: float | None = None
+    loss_up_measured: float | None = None
+    loss_down_measured: float | None = None
+    loss_measured: float | None = None
+    loss_within_95: bool | None = None
+
+
+RECORDS: tuple[type, ...] = (
+    ConditionRecord,
+    RoundRecord,
+    RequestRecord,
+    HostRecord,
+    LinkRecord,
+    LinkChangeRecord,
+    VerificationRecord,
+    BatchRecord,
+)
+
+
+def _arrow_field(name: str, hint: Any) -> pa.Field:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return pa.field(name, ARROW_TYPES[inner], nullable=True)
+    return pa.field(name, ARROW_TYPES[hint], nullable=False)
+
+
+def schema_of(record: type) -> pa.Schema:
+    """The pyarrow schema of a record dataclass (field order kept)."""
+    hints = typing.get_type_hints(record)
+    return pa.schema([_arrow_field(f.name, hints[f.name]) for f in dataclasses.fields(record)])
+
+
+SCHEMAS: dict[str, pa.Schema] = {r.table: schema_of(r) for r in RECORDS}  # type: ignore[attr-defined]
+
+
+def defaults_of(record: type) -> dict[str, Any]:
+    """Field name -> default value, for the fields that have one (None for nullable ones)."""
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(record)
+        if f.default is not dataclasses.MISSING
+    }
+
+
+DEFAULTS: dict[str, dict[str, Any]] = {r.table: defaults_of(r) for r in RECORDS}  # type: ignore[attr-defined]

@@ -1,0 +1,71 @@
+"""The Markdown summary of a run: what ran, the headline figures per condition, the figures
+(and the ones left out, with why)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from testbed.report.charts import Chart, Skipped
+from testbed.report.data import RunData
+from testbed.results.report import SUMMARY_COLUMNS, SUMMARY_NOTES, summary_rows
+
+# (column of RunData.metric_rows, header, format): the terminal summary's columns of a finished
+# condition, and its latency percentiles
+HEADLINE = (
+    *(c for c in SUMMARY_COLUMNS if c[0] != "status"),
+    ("e2e_p50_ms", "e2e p50 ms", "{:.0f}"),
+    ("e2e_p99_ms", "e2e p99 ms", "{:.0f}"),
+)
+
+
+def headline_cells(rows: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted cells of the headline table (columns the rows lack are left out)."""
+    return summary_rows(rows, HEADLINE)
+
+
+def markdown_table(rows: pd.DataFrame) -> list[str]:
+    headers, cells = headline_cells(rows)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in cells]
+
+
+def summary_markdown(run: RunData, figures: list[Chart | Skipped]) -> str:
+    m = run.manifest
+    pb = m.get("playbook") or {}
+    commit = (m.get("git") or {}).get("commit", "?")
+    lines = [
+        f"# Run {run.name}",
+        "",
+        f"{pb.get('description') or pb.get('name', '')}",
+        "",
+        f"- created {m.get('created', '?')}, commit `{str(commit)[:12]}`",
+        f"- lab: {(m.get('lab') or {}).get('kind', '?')}, "
+        f"{(m.get('lab') or {}).get('devices', '?')} devices",
+    ]
+    df = run.conditions
+    if df.empty:
+        return "\n".join([*lines, "", "No condition has finished."]) + "\n"
+    failed = df[df["status"] != "done"]
+    lines.append(f"- conditions: {len(df) - len(failed)} done, {len(failed)} failed")
+    lines += ["", "## Conditions", ""]
+    lines += markdown_table(run.metric_rows()) if len(failed) < len(df) else ["(none finished)"]
+    for row in failed.to_dict("records"):
+        lines.append(f"\n- `{row['condition']}` failed: {str(row['reason']).splitlines()[0]}")
+    lines += [
+        "",
+        *(f"- {note}" for note in SUMMARY_NOTES),
+        "- Loss is per direction: a round trip survives with (1-p)^2.",
+        "",
+        "## Figures",
+        "",
+    ]
+    for fig in figures:
+        if isinstance(fig, Chart):
+            lines += [f"### {fig.title}", "", f"![{fig.title}]({fig.key}.svg)", ""]
+            if fig.note:
+                lines += [f"_{fig.note}_", ""]
+    skipped = [f for f in figures if isinstance(f, Skipped)]
+    if skipped:
+        lines += ["## Figures left out", ""]
+        lines += [f"- {f.title}: {f.reason}" for f in skipped]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,284 @@
+"""One BALANCE condition on a lab: users arrive at one hybrid AD/SD server under a memory budget.
+
+The runner writes the condition's users (arithmetic problems with their output lengths,
+mixed deadlines and Poisson arrival times) to the server host, where
+`testbed.runner.balance_server` replays their arrivals through admission control and the
+engine loop on the real models; users do not come from the devices over the lab's links. The
+same workload goes through the simulator on the controller, driven by the same cost model
+(measured on the server host once per run with `testbed profile`, unless `balance.profile`
+names one). Stored per condition: `balance_users.parquet` (one row per user: mode,
+measured and predicted completion, within deadline, output equal to the target's greedy
+output) and the journal's metrics (task throughput, memory against the budget, predicted
+against measured).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from agents.records import read_records
+from agents.spec.decoding import generate_ad
+from agents.workloads.arithmetic import heldout_problems, prompt
+from testbed.balance.costmodel import CostModel, load_cost_model
+from testbed.balance.problem import Users, default_service
+from testbed.balance.simulator import SimResult, Workload, simulate
+from testbed.config.playbook import BalanceSection, Condition, Playbook
+from testbed.errors import BadInputError
+from testbed.hosts.control import HostControl
+from testbed.hosts.inventory import InventoryHost
+from testbed.results.atomic import atomic_write_json
+from testbed.results.tables import write_parquet
+from testbed.runner.sled import AGENT_ENV, RunContext, fetch, wait_for_exit
+
+SERVER_FILES = ("served.jsonl", "summary.json")
+MIB = 2**20
+
+
+@functools.lru_cache(maxsize=2)
+def _engine(model_dir: str):
+    from agents.engines.torch_hf import TorchEngine
+
+    return TorchEngine(model_dir, threads=1)
+
+
+@functools.lru_cache(maxsize=4096)
+def reference_tokens(target: str, question: str, max_new: int) -> tuple[int, ...]:
+    """The target's own greedy output for a prompt (computed on the controller, once)."""
+    engine = _engine(target)
+    return tuple(generate_ad(engine, engine.tokenize(question), max_new).tokens)
+
+
+def draft_folder(draft: str) -> str:
+    """The draft as an HF folder (the server runs both models in PyTorch): the tiny pair's
+    when the run resolved `tiny` to its GGUF."""
+    if not draft.endswith(".gguf"):
+        return draft
+    from testbed.models.tiny import ensure_tiny_pair
+
+    pair = ensure_tiny_pair()
+    if Path(draft) == pair.draft_gguf:
+        return str(pair.draft_hf)
+    raise BadInputError(f"models.draft: balance mode needs an HF folder, not {draft}")
+
+
+def user_rows(pb: Playbook, target: str) -> list[dict[str, Any]]:
+    """The condition's users: held-out arithmetic problems, each asking for the length of the
+    target's greedy answer, with a deadline of base + length x a per-token time drawn from the
+    playbook's range, arriving as a Poisson process of `balance.rate_per_s`."""
+    b = pb.balance
+    rng = np.random.default_rng(pb.seed)
+    problems = heldout_problems(b.users, seed=pb.workload.seed)
+    max_new = pb.workload.max_new_tokens
+    arrivals = np.cumsum(rng.exponential(1 / b.rate_per_s, b.users))
+    per_token = rng.uniform(*b.deadline_per_token_s, b.users)
+    rows = []
+    for i, p in enumerate(problems):
+        ref = reference_tokens(target, prompt(p), max_new)
+        rows.append(
+            {
+                "uid": i,
+                "problem": p.id,
+                "prompt": prompt(p),
+                "prompt_tokens": len(_engine(target).tokenize(prompt(p))),
+                "max_new": max_new,
+                "output_tokens": len(ref),
+                "reference": list(ref),
+                "deadline_s": b.deadline_base_s + len(ref) * float(per_token[i]),
+                "arrival_s": float(arrivals[i]),
+            }
+        )
+    return rows
+
+
+def workload_of(rows: list[dict[str, Any]]) -> Workload:
+    users = Users(
+        prompt=np.array([r["prompt_tokens"] for r in rows]),
+        output=np.array([r["output_tokens"] for r in rows]),
+        deadline=np.array([r["deadline_s"] for r in rows]),
+    )
+    return Workload(users, np.array([r["arrival_s"] for r in rows]))
+
+
+def cost_model_on(ctx: RunContext, server: InventoryHost, pb: Playbook, staged: Path) -> CostModel:
+    """The run's cost model, on the server host and in `staged/cost-model.json`: the file
+    `balance.profile` names, or measured on the server host by `testbed profile` the first
+    time a run needs it (kept in the lab's server workdir, which goes with the lab)."""
+    hosts, b = ctx.hosts, pb.balance
+    local = staged / "cost-model.json"
+    if b.profile is None and (pb.models.draft, pb.models.target) != ("tiny", "tiny"):
+        raise BadInputError("balance.profile: required unless both models are tiny")
+    if b.profile is not None:
+        remote = f"{server.workdir}/balance/given-cost-model.json"
+        hosts.run(server, f"mkdir -p {shlex.quote(server.workdir)}/balance")
+        hosts.put(server, Path(b.profile), remote)
+        cost = load_cost_model(Path(b.profile))
+        atomic_write_json(local, cost.model_dump(mode="json"))
+        return cost
+    remote = (
+        f"{server.workdir}/balance/cost-model-g{b.draft_len}-t{b.threads}-r{b.profile_repeats}.json"
+    )
+    exists = hosts.run(server, f"test -f {shlex.quote(remote)}", check=False).ok
+    if ctx.dry_run or not exists:
+        ctx.say(f"profiling the cost model on {server.name} (`testbed profile`)")
+        # the profile measures the tiny pair (`testbed profile` builds or finds it)
+        hosts.run(
+            server,
+            shlex.join([
+                server.python, "-m", "testbed.cli", "profile", "--out", remote,
+                "--draft-len", str(b.draft_len), "--repeats", str(b.profile_repeats),
+                "--threads", str(b.threads),
+            ]),
+            env=AGENT_ENV,
+        )  # fmt: skip
+    if ctx.dry_run:
+        return None  # type: ignore[return-value]
+    hosts.get(server, remote, local)
+    return load_cost_model(local)
+
+
+def server_command(
+    host: InventoryHost, cond: Condition, target: str, draft: str, records: str, cost: str
+) -> str:
+    b = cond.playbook.balance
+    return shlex.join([
+        host.python, "-m", "testbed.runner.balance_server",
+        "--users", f"{records}/users.jsonl",
+        "--cost", cost,
+        "--target", target,
+        "--draft", draft,
+        "--policy", b.policy,
+        "--memory-bytes", str(b.memory_mib * MIB),
+        "--fixed-share", str(b.fixed_share),
+        "--period-s", str(b.period_s),
+        "--threads", str(b.threads),
+        "--device", cond.playbook.models.server_device,
+        "--records", records,
+    ])  # fmt: skip
+
+
+def user_table(
+    rows: list[dict[str, Any]], served: list[dict[str, Any]], predicted: SimResult, cid: str
+) -> pd.DataFrame:
+    """One row per user: its request, the measured service and the simulator's prediction."""
+    by_uid = {s["uid"]: s for s in served}
+    out = []
+    for r in rows:
+        s = by_uid.get(r["uid"], {})
+        out.append(
+            {
+                "condition": cid,
+                "uid": r["uid"],
+                "problem": r["problem"],
+                "arrival_s": r["arrival_s"],
+                "deadline_s": r["deadline_s"],
+                "prompt_tokens": r["prompt_tokens"],
+                "output_tokens": r["output_tokens"],
+                "mode": s.get("mode"),
+                "completion_s": s.get("completion_s"),
+                "met": s.get("met"),
+                "matches_target": s["tokens"] == r["reference"] if s.get("tokens") else None,
+                "predicted_mode": ("unserved", "AD", "SD")[int(predicted.mode[r["uid"]])],
+                "predicted_completion_s": float(predicted.finish[r["uid"]] - r["arrival_s"]),
+                "predicted_met": bool(predicted.met[r["uid"]]),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def condition_metrics(
+    users: pd.DataFrame, summary: dict[str, Any], predicted: SimResult, b: BalanceSection
+) -> dict[str, Any]:
+    """The condition's figures: task throughput, memory against the budget, prediction error."""
+    served = users[users["mode"].isin(["AD", "SD"])]
+    both = served.dropna(subset=["completion_s", "predicted_completion_s"])
+    error = both["predicted_completion_s"] / both["completion_s"] - 1
+    in_time = int(users["met"].fillna(False).astype(bool).sum())
+    budget = b.memory_mib * MIB
+    peak = max(summary["peak_reserved_bytes"], summary["peak_held_bytes"])
+    return {
+        "users": len(users),
+        "admitted": len(served),
+        "refused": len(users) - len(served),
+        "ad_users": int((served["mode"] == "AD").sum()),
+        "sd_users": int((served["mode"] == "SD").sum()),
+        "served_in_time": in_time,
+        "late": len(served) - in_time,
+        "makespan_s": summary["makespan_s"],
+        "task_throughput": in_time / summary["makespan_s"] if summary["makespan_s"] else 0.0,
+        "outputs_equal_target": int(served["matches_target"].fillna(False).sum()),
+        "memory_budget_mib": b.memory_mib,
+        "peak_reserved_mib": summary["peak_reserved_bytes"] / MIB,
+        "peak_held_mib": summary["peak_held_bytes"] / MIB,
+        "memory_within_budget": bool(peak <= budget),
+        "rss_peak_mib": summary["rss_peak_bytes"] / MIB,
+        "predicted_served_in_time": predicted.served_in_time,
+        "predicted_task_throughput": predicted.task_throughput,
+        "completion_error_mean_abs": float(error.abs().mean()) if len(error) else None,
+        "completion_error_median": float(error.median()) if len(error) else None,
+        "completion_compared_users": len(error),
+    }
+
+
+def describe(cid: str, b: BalanceSection, m: dict[str, Any]) -> str:
+    """One console line: what the condition served and how well the simulator predicted it."""
+    err = m["completion_error_mean_abs"]
+    return (
+        f"{cid}: {b.policy} {m['users']} users {b.memory_mib:g} MiB: {m['served_in_time']} in "
+        f"time ({m['ad_users']} AD, {m['sd_users']} SD, {m['refused']} refused, {m['late']} late)"
+        f", task throughput {m['task_throughput']:.2f}/s (simulated "
+        f"{m['predicted_task_throughput']:.2f}/s), peak memory {m['peak_held_mib']:.2f} held / "
+        f"{m['peak_reserved_mib']:.2f} reserved of {b.memory_mib:g} MiB, completion-time error "
+        + ("-" if err is None else f"{err:.0%}")
+    )
+
+
+def run_balance(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any]:
+    """Run one BALANCE condition; returns the journal field `metrics` (raises on failure)."""
+    pb, b = cond.playbook, cond.playbook.balance
+    hosts: HostControl = ctx.hosts
+    server = ctx.lab.inventory().server
+    draft = ctx.draft_model if ctx.dry_run else draft_folder(ctx.draft_model)
+    records = f"{server.workdir}/runs/{cond.id}"
+    hosts.run(server, f"rm -rf {shlex.quote(records)} && mkdir -p {shlex.quote(records)}")
+    cost = cost_model_on(ctx, server, pb, staged)
+    cost_remote = f"{records}/cost-model.json"
+    command = server_command(server, cond, ctx.target_model, draft, records, cost_remote)
+    if ctx.dry_run:
+        ctx.say(f"  write the users and the cost model to {server.name}:{records}")
+        hosts.start(server, "balance-server", command, env=AGENT_ENV)
+        return {"metrics": {}}
+    if pb.workload.kind != "arithmetic":
+        raise BadInputError("workload.kind: balance mode serves arithmetic problems only")
+    rows = user_rows(pb, ctx.target_model)
+    local = staged / "inputs" / "users.jsonl"
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hosts.put(server, local, f"{records}/users.jsonl")
+    hosts.put(server, staged / "cost-model.json", cost_remote)
+    ctx.say(f"{cond.id}: {b.users} users arrive at {server.name} ({b.policy})")
+    proc = hosts.start(server, "balance-server", command, env=AGENT_ENV)
+    try:
+        wait_for_exit(hosts, [proc], pb.condition_timeout_s)
+    finally:
+        if hosts.is_alive(proc):
+            hosts.stop(proc)
+    fetched = staged / "hosts" / server.name
+    fetch(hosts, server, records, SERVER_FILES, proc, fetched)
+    served = read_records(fetched / "served.jsonl")
+    summary = json.loads((fetched / "summary.json").read_text())
+    service = default_service(cost, b.fixed_share, b.period_s)
+    predicted = simulate(
+        cost, workload_of(rows), b.memory_mib * MIB, service, b.policy, seed=pb.seed
+    )
+    users = user_table(rows, served, predicted, cond.id)
+    write_parquet(users, staged / "balance_users.parquet")
+    metrics = condition_metrics(users, summary, predicted, b)
+    ctx.say(describe(cond.id, b, metrics))
+    return {"metrics": metrics}

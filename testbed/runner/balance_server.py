@@ -1,0 +1,121 @@
+"""The BALANCE server process the runner starts on the lab's server host.
+
+It replays the users the runner wrote (prompt, output length, deadline, arrival time) through
+admission control and the hybrid engine loop (`testbed.balance.simulator.serve`) on the real
+engines (`agents.balance.engine.EngineExecutor`, PyTorch, greedy), on the wall clock, and
+writes per user its mode, completion and output tokens, and a summary with the peak memory:
+reserved by admission, and held by the engine (the tokens really in each model's cache times
+the model's KV bytes per token, plus the weights and workspace resident at that moment).
+
+It lives in `testbed/` because the scheduler does (`agents/` imports nothing from `testbed/`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+from pathlib import Path
+
+import numpy as np
+
+from agents.balance.engine import EngineExecutor
+from agents.balance.modes import MODE_NAMES
+from agents.engines.torch_hf import TorchEngine
+from agents.records import RecordWriter, read_records
+from testbed.balance.costmodel import CostModel, load_cost_model
+from testbed.balance.problem import Users, default_service
+from testbed.balance.simulator import Workload, serve
+
+
+class MeasuredExecutor(EngineExecutor):
+    """The engine executor, noting the most memory its caches and models held at once."""
+
+    def __init__(self, target: TorchEngine, draft: TorchEngine, cost: CostModel) -> None:
+        super().__init__(target, draft, cost.draft_len)
+        self.cost = cost
+        self.peak_held_bytes = float(cost.target.weights_bytes)
+
+    def held_bytes(self) -> float:
+        """Weights resident now (the draft's and the workspace while any user drafts) and the
+        KV bytes of the tokens each model's caches hold now."""
+        t_tokens, d_tokens = self.kv_tokens()
+        c = self.cost
+        held = c.target.weights_bytes + t_tokens * c.target.kv_bytes_per_token
+        if any(u.draft is not None for u in self.users.values()):
+            held += c.draft.weights_bytes + c.verify_workspace_bytes
+        return held + d_tokens * c.draft.kv_bytes_per_token
+
+    def start(self, uid: int, mode: int) -> None:
+        super().start(uid, mode)
+        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes())
+
+    def step(self, mode: int, uids: list[int]) -> tuple[dict[int, int], set[int]]:
+        out = super().step(mode, uids)
+        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes())
+        return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", required=True, help="users.jsonl written by the runner")
+    ap.add_argument("--cost", required=True, help="cost-model JSON (`testbed profile`)")
+    ap.add_argument("--target", required=True, help="target HF folder")
+    ap.add_argument("--draft", required=True, help="draft HF folder")
+    ap.add_argument("--policy", required=True, choices=["ad-only", "sd-only", "hybrid"])
+    ap.add_argument("--memory-bytes", type=float, required=True)
+    ap.add_argument("--fixed-share", type=float, required=True)
+    ap.add_argument("--period-s", type=float, required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--records", required=True, help="folder for served.jsonl, summary.json")
+    args = ap.parse_args(argv)
+
+    cost = load_cost_model(Path(args.cost))
+    rows = read_records(args.users)
+    target = TorchEngine(args.target, device=args.device, threads=args.threads)
+    draft = TorchEngine(args.draft, device=args.device, threads=args.threads)
+    prompts = [target.tokenize(r["prompt"]) for r in rows]
+    users = Users(
+        prompt=np.array([len(p) for p in prompts]),
+        output=np.array([r["output_tokens"] for r in rows]),
+        deadline=np.array([r["deadline_s"] for r in rows]),
+    )
+    executor = MeasuredExecutor(target, draft, cost)
+    for uid, (p, r) in enumerate(zip(prompts, rows)):
+        executor.submit(uid, p, r["max_new"])
+    offset = executor.clock()  # arrivals count from here
+    arrival = np.array([r["arrival_s"] for r in rows]) + offset
+    service = default_service(cost, args.fixed_share, args.period_s)
+    result = serve(
+        cost, Workload(users, arrival), args.memory_bytes, service, executor, args.policy
+    )
+    with RecordWriter(args.records) as out:
+        for uid, r in enumerate(rows):
+            finished = bool(np.isfinite(result.finish[uid]))
+            tokens = executor.outputs.get(uid, [])
+            out.write(
+                "served",
+                {
+                    "uid": uid,
+                    "problem": r["problem"],
+                    "mode": MODE_NAMES[int(result.mode[uid])],
+                    "completion_s": float(result.finish[uid] - arrival[uid]) if finished else None,
+                    "met": bool(result.met[uid]),
+                    "tokens": tokens,
+                    "text": target.detokenize(tokens) if tokens else "",
+                },
+            )
+    summary = {
+        "makespan_s": result.makespan_s,
+        "peak_reserved_bytes": result.peak_memory_bytes,
+        "peak_held_bytes": executor.peak_held_bytes,
+        "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "ad_steps_per_s": service.ad_steps_per_s,
+        "sd_rounds_per_s": service.sd_rounds_per_s,
+    }
+    Path(args.records, "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""`testbed capacity`: the largest device count that keeps a rate, by bisection over real runs.
+
+Each probe is a whole run of the playbook (which must name one condition) with `lab.devices`
+set to the probed count, written under one capacity folder; its figure is the condition's
+`device_verified_tok_s_min` (see `testbed.metrics.capacity` for the definition).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from testbed.config.loading import validate
+from testbed.config.playbook import Playbook, expand, load_playbook
+from testbed.errors import BadInputError
+from testbed.metrics.capacity import CapacityResult, capacity_search
+from testbed.results.atomic import atomic_write_json, atomic_write_text
+from testbed.results.store import RunStore
+from testbed.runner.run import execute
+
+
+def run_capacity(
+    playbook: Path,
+    rate: float,
+    out: Path,
+    low: int = 1,
+    high: int = 64,
+    say: Callable[[str], None] = print,
+    mode: str | None = None,
+) -> CapacityResult:
+    """Bisect the device count of `playbook` for `rate` (in `mode`, else the playbook's);
+    every probe's run lands in `out`."""
+    pb = load_playbook(playbook)
+    if mode is not None:
+        data = pb.model_dump(mode="json")
+        data["mode"] = mode
+        pb = validate(Playbook, data, f"{playbook} (--mode)")
+    if len(expand(pb, str(playbook))) != 1:
+        raise BadInputError(
+            f"{playbook}: sweep: capacity probes one condition per device count; "
+            f"remove the sweep (it has {len(expand(pb, str(playbook)))} conditions)"
+        )
+    base = pb.model_dump(mode="json")
+    out.mkdir(parents=True, exist_ok=True)
+
+    def measure(devices: int) -> float | None:
+        data = copy.deepcopy(base)
+        data["name"] = f"{pb.name}-n{devices}"
+        data["lab"]["devices"] = devices
+        path = out / "playbooks" / f"n{devices}.yaml"
+        atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))
+        say(f"capacity probe: {devices} devices")
+        outcome = execute(path, out=out / "runs", say=say)
+        entries = RunStore(outcome.store.root).journal() if outcome.store else []
+        metrics = entries[0].get("metrics") or {} if entries else {}
+        figure = metrics.get("device_verified_tok_s_min")
+        say(f"capacity probe: {devices} devices -> min verified {figure} tok/s per device")
+        return figure
+
+    result = capacity_search(measure, rate, low, high)
+    atomic_write_json(
+        out / "capacity.json",
+        {"playbook": str(playbook), "rate": rate, "capacity": result.capacity,
+         "measured": result.measured, "figure": "device_verified_tok_s_min"},
+    )  # fmt: skip
+    return result

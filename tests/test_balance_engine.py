@@ -1,0 +1,85 @@
+"""The hybrid loop on the real tiny pair: lossless in AD and SD, moves lose no token."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.balance.engine import EngineExecutor
+from agents.balance.loop import HybridLoop
+from agents.balance.modes import AD, SD
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_pair):
+    from agents.engines.torch_hf import TorchEngine
+
+    return TorchEngine(tiny_pair.target_hf, threads=1), TorchEngine(tiny_pair.draft_hf, threads=1)
+
+
+def test_hybrid_loop_output_equals_target_greedy_with_moves_between_modes(engines):
+    from agents.spec.decoding import generate_ad
+    from agents.workloads.arithmetic import heldout_problems, prompt
+
+    target, draft = engines
+    prompts = [target.tokenize(prompt(p)) for p in heldout_problems(6, seed=21)]
+    max_new = 40
+    expected = [generate_ad(target, p, max_new).tokens for p in prompts]
+
+    ex = EngineExecutor(target, draft, draft_len=4)
+    loop = HybridLoop(ex, {AD: 1000.0, SD: 1000.0}, period_s=0.02, lookahead_s=10.0)
+    for uid, p in enumerate(prompts):
+        ex.submit(uid, p, max_new)
+        loop.add(uid, AD if uid % 2 else SD, pace=1e6)
+    periods = 0
+    while loop.members:
+        loop.run_period()
+        periods += 1
+        if periods == 1:  # every user changes mode after its first period
+            for uid, member in list(loop.members.items()):
+                loop.move(uid, SD if member.mode == AD else AD)
+    assert loop.steps[AD] > 0 and loop.steps[SD] > 0
+    assert [ex.outputs[u] for u in range(len(prompts))] == expected
+    assert ex.kv_tokens() == (0, 0)
+
+
+def test_the_draft_cache_exists_only_while_a_user_is_in_sd(engines):
+    target, draft = engines
+    ex = EngineExecutor(target, draft, draft_len=4)
+    ex.submit(0, target.tokenize("Q: 2+3=?\nA: "), 8)
+    ex.start(0, SD)
+    assert ex.kv_tokens()[1] > 0
+    ex.step(SD, [0])
+    ex.start(0, AD)
+    assert ex.kv_tokens()[1] == 0 and ex.kv_tokens()[0] > 0
+    ex.stop(0)
+
+
+def test_kv_accounting_matches_the_growth_of_resident_memory(tiny_pair, tmp_path):
+    from agents.engines.torch_hf import TorchEngine
+    from testbed.balance.costmodel import CostModel, ModelCost, StepCost
+    from testbed.balance.profile import model_config_kv_bytes
+    from testbed.balance.validate import check_memory
+
+    step = StepCost(fixed_s=0.001, per_seq_s=0.001)
+
+    def cost_of(path):
+        engine = TorchEngine(path, threads=1)
+        return ModelCost(
+            weights_bytes=1,
+            kv_bytes_per_token=model_config_kv_bytes(engine),
+            decode=step,
+            prefill_per_token_s=0.0,
+        )
+
+    cost = CostModel(
+        target=cost_of(tiny_pair.target_hf),
+        draft=cost_of(tiny_pair.draft_hf),
+        verify=step,
+        draft_len=4,
+        acceptance=0.8,
+        verify_workspace_bytes=0,
+    )
+    check = check_memory(cost, tiny_pair.draft_hf, tiny_pair.target_hf, users=48, tokens=200)
+    assert 0.95 <= check.ratio <= 1.25

@@ -1,0 +1,158 @@
+"""BALANCE as a runner mode: a small sweep of experiments/balance-hybrid.yaml's kind, end to end
+on a namespace lab (the cost model profiled on the server host, users replayed there through
+admission control and the hybrid loop on the tiny pair, the same workload simulated).
+
+Runs use lab `ibal` on 10.86.2.0/24 (TESTBED_LAB_NAME / TESTBED_LAB_SUBNET); they need root.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import require_root_netns
+
+from testbed.balance.costmodel import load_cost_model
+from testbed.config.playbook import load_playbook
+from testbed.errors import BadInputError
+from testbed.lab.clean import leftovers
+from testbed.runner.run import execute
+
+LAB, SUBNET = "ibal", "10.86.2.0/24"
+BUDGET_MIB = 6.5
+PLAYBOOK = {
+    "name": "balance-test",
+    "mode": "balance",
+    "lab": {"kind": "namespaces", "devices": 1},
+    "models": {"draft": "tiny", "target": "tiny"},
+    "workload": {"kind": "arithmetic", "seed": 7, "max_new_tokens": 32},
+    "balance": {
+        "users": 14,
+        "rate_per_s": 10.0,
+        "memory_mib": BUDGET_MIB,
+        "deadline_base_s": 0.1,
+        "deadline_per_token_s": [0.005, 0.03],
+    },
+    "condition_timeout_s": 90,
+    "sweep": {"balance.policy": ["ad-only", "sd-only", "hybrid"]},
+}
+
+
+@pytest.fixture(scope="module")
+def balance_run(tmp_path_factory, tiny_pair):
+    """One run of three conditions (AD-only, SD-only, hybrid), shared by the checks below."""
+    require_root_netns()
+    tmp = tmp_path_factory.mktemp("balance")
+    playbook = tmp / "balance.yaml"
+    playbook.write_text(yaml.safe_dump(PLAYBOOK))
+    lines: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TESTBED_LAB_NAME", LAB)
+        mp.setenv("TESTBED_LAB_SUBNET", SUBNET)
+        outcome = execute(playbook, out=tmp / "results", say=lines.append)
+    assert outcome.store is not None
+    entries = {e["values"]["balance.policy"]: e for e in outcome.store.journal()}
+    return outcome, entries, lines
+
+
+def users_of(outcome, entry) -> pd.DataFrame:
+    return pd.read_parquet(
+        outcome.store.condition_dir(entry["condition"]) / "balance_users.parquet"
+    )
+
+
+def test_every_condition_is_done(balance_run):
+    outcome, entries, _ = balance_run
+    assert outcome.done == 3 and outcome.failed == 0
+    assert set(entries) == {"ad-only", "sd-only", "hybrid"}
+    assert all(e["status"] == "done" for e in entries.values())
+
+
+def test_every_served_user_gets_the_target_greedy_output(balance_run):
+    outcome, entries, _ = balance_run
+    for entry in entries.values():
+        users = users_of(outcome, entry)
+        served = users[users["mode"].isin(["AD", "SD"])]
+        assert len(served) > 0
+        assert served["matches_target"].all(), entry["condition"]
+        assert served["completion_s"].notna().all()  # every admitted user finished
+        refused = users[users["mode"] == "unserved"]
+        assert refused["completion_s"].isna().all() and refused["matches_target"].isna().all()
+        assert entry["metrics"]["outputs_equal_target"] == len(served)
+
+
+def test_policies_use_only_their_modes(balance_run):
+    _, entries, _ = balance_run
+    assert entries["ad-only"]["metrics"]["sd_users"] == 0
+    assert entries["sd-only"]["metrics"]["ad_users"] == 0
+    for e in entries.values():
+        m = e["metrics"]
+        assert m["ad_users"] + m["sd_users"] + m["refused"] == m["users"] == 14
+
+
+def test_memory_never_exceeds_the_budget(balance_run):
+    _, entries, _ = balance_run
+    for e in entries.values():
+        m = e["metrics"]
+        assert m["memory_budget_mib"] == BUDGET_MIB
+        assert m["peak_held_mib"] <= BUDGET_MIB and m["peak_reserved_mib"] <= BUDGET_MIB
+        assert m["memory_within_budget"] is True
+    # SD holds both models' weights and caches: its peak is above AD-only's
+    assert (
+        entries["sd-only"]["metrics"]["peak_held_mib"]
+        > entries["ad-only"]["metrics"]["peak_held_mib"]
+    )
+
+
+def test_prediction_is_compared_for_every_user_served_in_both(balance_run):
+    outcome, entries, _ = balance_run
+    for e in entries.values():
+        users = users_of(outcome, e)
+        both = users.dropna(subset=["completion_s", "predicted_completion_s"])
+        assert e["metrics"]["completion_compared_users"] == len(both) > 0
+        error = (both["predicted_completion_s"] / both["completion_s"] - 1).abs().mean()
+        assert e["metrics"]["completion_error_mean_abs"] == pytest.approx(error)
+
+
+def test_cost_model_is_stored_with_each_condition(balance_run):
+    outcome, entries, lines = balance_run
+    costs = [
+        load_cost_model(outcome.store.condition_dir(e["condition"]) / "cost-model.json")
+        for e in entries.values()
+    ]
+    assert all(c == costs[0] for c in costs)  # profiled once per run, on the server host
+    assert sum("profiling the cost model" in line for line in lines) == 1
+    assert costs[0].target.kv_bytes_per_token > costs[0].draft.kv_bytes_per_token
+
+
+def test_console_and_condition_table_carry_task_throughput(balance_run):
+    outcome, entries, lines = balance_run
+    assert sum("task throughput" in line for line in lines) == 3
+    table = pd.read_parquet(outcome.store.root / "conditions.parquet")
+    assert table["task_throughput"].notna().all() and (table["task_throughput"] > 0).all()
+
+
+def test_lab_is_gone_after_the_run(balance_run):
+    assert leftovers(LAB) == []
+
+
+def test_dry_run_names_the_balance_server(tmp_path):
+    playbook = tmp_path / "balance.yaml"
+    playbook.write_text(yaml.safe_dump({**PLAYBOOK, "sweep": {}}))
+    lines: list[str] = []
+    execute(playbook, dry_run=True, say=lines.append)
+    text = "\n".join(lines)
+    assert "testbed.runner.balance_server" in text and "--policy" in text
+    assert "testbed.cli profile" in text
+
+
+def test_bad_deadline_range_names_the_key(tmp_path):
+    bad = json.loads(json.dumps(PLAYBOOK))
+    bad["balance"]["deadline_per_token_s"] = [0.05, 0.01]
+    path = Path(tmp_path / "bad.yaml")
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(BadInputError, match="deadline_per_token_s"):
+        load_playbook(path)

@@ -1,0 +1,72 @@
+"""Calibration figures from packet sequences, and the fidelity benchmark's loss verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.bench.link import LinkBench
+from testbed.netem.calibrate import analyse
+from testbed.netem.probe import RawProbe
+from testbed.netem.profile import GilbertElliott, LinkProfile
+
+
+def _raw(at_server: list[int], echoed: dict[int, float], sent: int = 10) -> RawProbe:
+    return RawProbe(device="dev1", sent=sent, at_server=at_server, rtt_ms=echoed, warmup_s=0.1)
+
+
+def test_analyse_counts_each_side_of_the_hop() -> None:
+    # 10 sent; 3 and 4 never reached the server; 9 reached it but its echo did not come back
+    raw = _raw([0, 1, 2, 5, 6, 7, 8, 9], {s: 85.0 + 0.1 * s for s in (0, 1, 2, 5, 6, 7, 8)})
+    cal = analyse("p", "nfqueue/c", LinkProfile(rtt_ms=85, loss=0.2), raw)
+    assert (cal.loss_up.lost, cal.loss_up.of) == (2, 10)
+    assert (cal.loss_down.lost, cal.loss_down.of) == (1, 8)
+    assert cal.loss_up.within is True and cal.ok
+    assert cal.rtt_p50_ms == pytest.approx(85.5)
+    assert cal.rtt_error_p50_ms == pytest.approx(0.5)
+    assert cal.jitter_ipdv_ms == pytest.approx((0.1 + 0.3 + 0.1 + 0.1 + 0.1 + 0.1) / 6)
+    lo, hi = cal.loss_up.rate_ci95
+    assert lo < 0.2 < hi
+    assert cal.bursts_up is None  # random loss: no burst model
+
+
+def test_analyse_flags_loss_outside_the_request() -> None:
+    raw = _raw(list(range(10)), {s: 85.0 for s in range(10)}, sent=10)
+    cal = analyse("p", "nfqueue/c", LinkProfile(rtt_ms=85, loss=0.9), raw)
+    assert cal.loss_up.within is False and not cal.ok
+
+
+def test_gilbert_elliott_is_judged_by_its_bursts_not_a_binomial() -> None:
+    ge = GilbertElliott(p=0.1, r=0.5)
+    lost = {2, 3, 4, 10, 11}  # bursts of 3 and 2
+    at = [s for s in range(20) if s not in lost]
+    raw = _raw(at, {s: 85.0 for s in at}, sent=20)
+    cal = analyse("ge", "nfqueue/c", LinkProfile(rtt_ms=85, loss_up=ge, loss_down=0.0), raw)
+    assert cal.loss_up.within is None and cal.ok
+    assert cal.bursts_up is not None
+    assert cal.bursts_up.measured_mean_burst == 2.5 and cal.bursts_up.bursts == 2
+    assert cal.bursts_up.model_mean_burst == 2.0
+    assert cal.bursts_up.model_mean_loss == pytest.approx(0.1 / 0.6)
+
+
+def test_link_bench_pools_links_and_tolerates_chance_misses() -> None:
+    def row(dev: int, lost: int) -> object:
+        at = list(range(lost, 400))
+        raw = _raw(at, {s: 85.0 for s in at}, 400)
+        return analyse("l10", "x", LinkProfile(rtt_ms=85, loss_up=0.1), raw)
+
+    # 20 links near 10 %, one of them far outside: pooled still inside, 1 miss is plausible
+    rows = [row(d, 40) for d in range(19)] + [row(19, 60)]
+    bench = LinkBench(rtt_ms=85, devices=20, rows=rows)  # type: ignore[arg-type]
+    lost, of, asked, inside = bench.loss.pooled["l10 up"]
+    assert (lost, asked, inside) == (19 * 40 + 60, 0.1, True)
+    down = (0, sum(400 - r.loss_up.lost for r in rows), 0.0, True)
+    assert bench.loss.pooled["l10 down"] == down
+    assert (bench.loss.inside, bench.loss.checks) == (39, 40) and bench.loss.misses_p > 0.05
+    assert bench.loss.ok
+    # many single-link misses are not chance, even when the pooled count looks right
+    spread = [row(d, 25) for d in range(10)] + [row(d, 55) for d in range(10)]
+    wide = LinkBench(85, 20, spread)  # type: ignore[arg-type]
+    assert wide.loss.pooled["l10 up"][3] and wide.loss.misses_p < 0.05 and not wide.loss.ok
+    # a systematic bias is caught by the pooled count even when single links look fine
+    biased = LinkBench(85, 20, [row(d, 48) for d in range(20)])  # type: ignore[list-item]
+    assert not biased.loss.pooled["l10 up"][3] and not biased.loss.ok

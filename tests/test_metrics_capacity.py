@@ -1,0 +1,46 @@
+"""`testbed capacity`: each probe is a run of the playbook at one device count (runs faked
+here: a shared server of 100 verified tok/s), the capacity read from their condition rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from testbed.config.playbook import load_playbook
+from testbed.errors import BadInputError
+from testbed.results.store import RunStore
+from testbed.runner import capacity as capacity_module
+from testbed.runner.run import RunOutcome
+
+
+def fake_execute(path, out, say):
+    pb = load_playbook(path)
+    store = RunStore(out / pb.name)
+    store.create({"run_id": pb.name})
+    rate = 100 / pb.lab.devices
+    store.commit("c00", store.staging("c00"), {"condition": "c00", "index": 0, "status": "done",
+                 "metrics": {"device_verified_tok_s_min": rate}})  # fmt: skip
+    return RunOutcome(store, 1, 0, 0)
+
+
+def test_capacity_probes_runs_at_each_device_count(tmp_path, monkeypatch):
+    monkeypatch.setattr(capacity_module, "execute", fake_execute)
+    playbook = tmp_path / "pb.yaml"
+    playbook.write_text("name: cap\ntopology: topologies/star.yaml\n")
+    result = capacity_module.run_capacity(
+        playbook, 7.0, tmp_path / "cap", 1, 32, say=lambda _: None
+    )
+    assert result.capacity == 14
+    assert result.measured[14] == pytest.approx(100 / 14)
+    saved = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    assert saved["capacity"] == 14
+    probes = sorted(p.name for p in (tmp_path / "cap" / "runs").iterdir())
+    assert "cap-n14" in probes and "cap-n15" in probes
+
+
+def test_capacity_refuses_a_sweep(tmp_path):
+    playbook = tmp_path / "pb.yaml"
+    playbook.write_text("name: cap\nsweep:\n  link.loss: [0, 0.1]\n")
+    with pytest.raises(BadInputError, match="2 conditions"):
+        capacity_module.run_capacity(playbook, 1.0, tmp_path / "cap")
