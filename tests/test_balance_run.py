@@ -19,6 +19,9 @@ from testbed.balance.costmodel import load_cost_model
 from testbed.config.playbook import load_playbook
 from testbed.errors import BadInputError
 from testbed.lab.clean import leftovers
+from testbed.report.charts import Chart
+from testbed.report.data import RunData
+from testbed.report.figures import balance_throughput_by_policy
 from testbed.runner.run import execute
 
 LAB, SUBNET = "ibal", "10.86.2.0/24"
@@ -156,3 +159,21 @@ def test_bad_deadline_range_names_the_key(tmp_path):
     path.write_text(yaml.safe_dump(bad))
     with pytest.raises(BadInputError, match="deadline_per_token_s"):
         load_playbook(path)
+
+
+def test_report_draws_task_throughput_by_policy(balance_run):
+    outcome, _, _ = balance_run
+    chart = balance_throughput_by_policy(RunData(outcome.store.root))
+    assert isinstance(chart, Chart)
+    assert sorted(s.name for s in chart.series) == [
+        f"{p}, {BUDGET_MIB:g} MiB" for p in ("ad-only", "hybrid", "sd-only")
+    ]
+    assert all(s.x == [14.0] and s.y[0] > 0 for s in chart.series)
+
+
+def test_server_gets_requests_without_their_answers(balance_run):
+    outcome, entries, _ = balance_run
+    for e in entries.values():
+        sent = (outcome.store.condition_dir(e["condition"]) / "inputs" / "users.jsonl").read_text()
+        rows = [json.loads(line) for line in sent.splitlines()]
+        assert len(rows) == 14 and all("reference" not in r and r["prompt"] for r in rows)

@@ -251,3 +251,71 @@ def test_same_experiment_on_all_three_lab_kinds(root_netns, tmp_path, tiny_pair)
         for probe in probes.values():
             assert abs(probe["rtt_ms"]["p50"] - 40) <= 1.0, (kind, probe)
     assert leftovers(LAB) == [] and leftovers("ehosts") == []
+
+
+def test_every_mode_gives_the_targets_greedy_output_at_zero_loss(root_netns, tmp_path, tiny_pair):
+    """SLED with fixed and adaptive drafting and look-ahead, and the centralized baseline, run
+    through the runner with the playbook's agent settings: at 0 % loss every answer is the
+    target's own greedy answer; a swept device count uses the first N devices of one lab."""
+    playbook = tmp_path / "modes.yaml"
+    playbook.write_text(
+        "name: modes\nworkload: {problems_per_device: 2, max_new_tokens: 24}\n"
+        "impairment: {probe_packets: 50}\nlink: {rtt_ms: 20}\n"
+        "sled: {lookahead: 4, copies: 2}\n"
+        "sweep:\n  mode: [sled, centralized]\n  sled.draft_policy: [fixed, adaptive]\n"
+        "  lab.devices: [2]\n"
+    )
+    outcome = execute(playbook, out=tmp_path / "results", say=lambda _m: None)
+    assert (outcome.done, outcome.failed) == (4, 0)
+    for entry in RunStore(outcome.store.root).journal():
+        cid, mode = entry["condition"], entry["values"]["mode"]
+        cond = outcome.store.root / "conditions" / cid
+        requests = pd.read_parquet(cond / "requests.parquet")
+        rounds = pd.read_parquet(cond / "rounds.parquet")
+        assert len(requests) == 4 and set(requests["dev"]) == {"dev1", "dev2"}, cid
+        assert requests["matches_target"].all(), requests[["dev", "text", "target_text"]]
+        want = {"centralized"} if mode == "centralized" else {"verified"}
+        assert set(rounds["mode"]) == want, cid
+        if entry["values"]["sled.draft_policy"] == "adaptive" and mode == "sled":
+            assert rounds["draft_len"].between(3, 8).all()
+        assert entry["link"]["failovers"] == []  # no backup path, no schedule: one phase
+        assert {c["phase"] for c in entry["link"]["changes"]} == {0}
+    assert leftovers(LAB) == []
+
+
+def test_a_cut_primary_path_moves_a_run_to_the_backup_and_devices_keep_verifying(
+    root_netns, tmp_path, tiny_pair
+):
+    """A topology with a backup path, its primary link cut by a schedule a few seconds in and
+    for the rest of the run: the monitor's failover is in the condition's records, and the
+    device's rounds after it are verified (over the backup path), none lost to fallback."""
+    (tmp_path / "topo.yaml").write_text(
+        "name: bk\nserver: {class: a100}\nfleet:\n  - {class: pi5, count: 1}\n"
+        "profiles:\n  wifi: {rtt_ms: 20}\n  5g: {rtt_ms: 0}\n"
+        "links: {primary: wifi, backup: 5g}\n"
+    )
+    playbook = tmp_path / "cut.yaml"
+    playbook.write_text(
+        "name: cut\ntopology: topo.yaml\nworkload: {problems_per_device: 30, max_new_tokens: 48}\n"
+        "impairment: {probe_packets: 50}\n"
+        "link: {rtt_ms: 20, schedule: [{at_s: 6, loss: 1.0}]}\n"
+    )
+    outcome = execute(playbook, out=tmp_path / "results", say=lambda _m: None)
+    assert (outcome.done, outcome.failed) == (1, 0)
+    (entry,) = RunStore(outcome.store.root).journal()
+    failovers = entry["link"]["failovers"]
+    assert [(f["device"], f["to"]) for f in failovers][:1] == [("dev1", "backup")], failovers
+    cut_at = [c["at"] for c in entry["link"]["changes"] if c["phase"] == 1]
+    assert cut_at and failovers[0]["t"] > min(cut_at)  # the switch follows the cut
+    rounds = pd.read_parquet(
+        outcome.store.root / "conditions" / entry["condition"] / "rounds.parquet"
+    )
+    after = rounds[rounds["t_start"] > failovers[0]["t"]]
+    assert len(after) > 0 and (after["mode"] == "verified").all()
+    changes = pd.read_parquet(
+        outcome.store.root / "conditions" / entry["condition"] / "link_changes.parquet"
+    )
+    assert "failover to backup" in set(changes["note"])
+    cut = changes[changes["note"].str.endswith("phase 1")]
+    assert len(cut) == 2 and (cut["loss"] == 1.0).all() and (cut["rtt_ms"] == 20.0).all()
+    assert leftovers(LAB) == []

@@ -315,6 +315,29 @@ def link_over_time(run: RunData) -> Figure:
     return Chart(key, title, "seconds since the first condition", "ms / %", series, note=note)
 
 
+def balance_throughput_by_policy(run: RunData) -> Figure:
+    """BALANCE runs: users finished within deadline per second against the user count, one
+    curve per policy and memory budget (the journal's `task_throughput`)."""
+    key, title = "balance_throughput_by_policy", "Task throughput by policy"
+    df = run.done
+    if df.empty or "task_throughput" not in df or df["task_throughput"].isna().all():
+        return Skipped(key, title, "not a BALANCE run (no task throughput)")
+    df = df[df["task_throughput"].notna()].sort_values("users")
+    groups = df.groupby(["policy", "memory_budget_mib"])
+    series = [
+        Series(
+            f"{name}, {mib:g} MiB",
+            [float(n) for n in part["users"]],
+            _values(part["task_throughput"]),
+        )
+        for (name, mib), part in groups
+    ]
+    return Chart(
+        key, title, "users", "users finished within deadline per second", series,
+        note="measured on the lab's server; `sim tasks/s` in the summary is the simulator's",
+    )  # fmt: skip
+
+
 def all_figures(run: RunData) -> list[Figure]:
     """Every figure of the report, in reading order."""
     return [
@@ -328,4 +351,5 @@ def all_figures(run: RunData) -> list[Figure]:
         draft_length_over_time(run, by_class=True),
         latency_percentiles(run),
         link_over_time(run),
+        balance_throughput_by_policy(run),
     ]

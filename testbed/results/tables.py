@@ -118,6 +118,34 @@ def link_rows(link: dict[str, Any], condition: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(SCHEMAS["links"].names))
 
 
+def _chain_loss(change: dict[str, Any]) -> float | None:
+    """Mean loss of a holder change's Gilbert-Elliott chain (random loss: the one-state chain)."""
+    try:
+        p, r = float(change["p"]), float(change["r"])
+        bad = p / (p + r) if p + r > 0 else 0.0
+        return bad * float(change["1-h"]) + (1 - bad) * float(change["1-k"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def link_change_rows(link: dict[str, Any], condition: str) -> pd.DataFrame:
+    """The `link_changes` table from a condition's link.json: one row per profile phase the
+    holder applied to one direction of a link (RTT = twice that direction's delay) and one
+    per failover of the backup path's monitor; times on the controller's clock."""
+    rows = []
+    for c in link.get("changes") or []:
+        delay = c.get("delay_us")
+        rows.append({
+            "condition": condition, "dev": str(c.get("link")), "t": c.get("at"),
+            "rtt_ms": 2 * float(delay) / 1000 if isinstance(delay, int | float) else None,
+            "loss": _chain_loss(c), "note": f"{c.get('direction')} phase {c.get('phase')}",
+        })  # fmt: skip
+    for f in link.get("failovers") or []:
+        rows.append({"condition": condition, "dev": str(f.get("device")), "t": f.get("t"),
+                     "note": f"failover to {f.get('to')}"})  # fmt: skip
+    return pd.DataFrame(rows, columns=list(SCHEMAS["link_changes"].names))
+
+
 def host_rows(
     status: list[dict[str, Any]], info: list[dict[str, Any]], condition: str
 ) -> pd.DataFrame:
@@ -181,4 +209,5 @@ def tables_from_records(
     link_file = staged / "link.json"
     link = json.loads(link_file.read_text()) if link_file.exists() else {}
     write_typed("links", link_rows(link, condition), staged)
+    write_typed("link_changes", link_change_rows(link, condition), staged)
     return ConditionStats.from_frames(rounds, requests, hosts, slo=slo, costs=costs).as_row()

@@ -31,11 +31,10 @@ from testbed.balance.problem import Users, default_service
 from testbed.balance.simulator import SimResult, Workload, simulate
 from testbed.config.playbook import BalanceSection, Condition, Playbook
 from testbed.errors import BadInputError
-from testbed.hosts.control import HostControl
 from testbed.hosts.inventory import InventoryHost
 from testbed.results.atomic import atomic_write_json
 from testbed.results.tables import write_parquet
-from testbed.runner.sled import AGENT_ENV, RunContext, fetch, wait_for_exit
+from testbed.runner.sled import AGENT_ENV, RunContext, fetch, model_on, wait_for_exit
 
 SERVER_FILES = ("served.jsonl", "summary.json")
 MIB = 2**20
@@ -115,10 +114,12 @@ def cost_model_on(ctx: RunContext, server: InventoryHost, pb: Playbook, staged: 
     if b.profile is None and (pb.models.draft, pb.models.target) != ("tiny", "tiny"):
         raise BadInputError("balance.profile: required unless both models are tiny")
     if b.profile is not None:
-        remote = f"{server.workdir}/balance/given-cost-model.json"
-        hosts.run(server, f"mkdir -p {shlex.quote(server.workdir)}/balance")
-        hosts.put(server, Path(b.profile), remote)
         cost = load_cost_model(Path(b.profile))
+        if cost.draft_len != b.draft_len:
+            raise BadInputError(
+                f"{b.profile}: draft_len {cost.draft_len} differs from balance.draft_len "
+                f"{b.draft_len}"
+            )
         atomic_write_json(local, cost.model_dump(mode="json"))
         return cost
     remote = (
@@ -133,7 +134,7 @@ def cost_model_on(ctx: RunContext, server: InventoryHost, pb: Playbook, staged: 
             shlex.join([
                 server.python, "-m", "testbed.cli", "profile", "--out", remote,
                 "--draft-len", str(b.draft_len), "--repeats", str(b.profile_repeats),
-                "--threads", str(b.threads),
+                "--threads", str(b.threads), "--device", pb.models.server_device,
             ]),
             env=AGENT_ENV,
         )  # fmt: skip
@@ -203,6 +204,7 @@ def condition_metrics(
     budget = b.memory_mib * MIB
     peak = max(summary["peak_reserved_bytes"], summary["peak_held_bytes"])
     return {
+        "policy": b.policy,
         "users": len(users),
         "admitted": len(served),
         "refused": len(users) - len(served),
@@ -218,6 +220,7 @@ def condition_metrics(
         "peak_held_mib": summary["peak_held_bytes"] / MIB,
         "memory_within_budget": bool(peak <= budget),
         "rss_peak_mib": summary["rss_peak_bytes"] / MIB,
+        "rss_growth_mib": (summary["rss_peak_bytes"] - summary["rss_loaded_bytes"]) / MIB,
         "predicted_served_in_time": predicted.served_in_time,
         "predicted_task_throughput": predicted.task_throughput,
         "completion_error_mean_abs": float(error.abs().mean()) if len(error) else None,
@@ -242,24 +245,27 @@ def describe(cid: str, b: BalanceSection, m: dict[str, Any]) -> str:
 def run_balance(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any]:
     """Run one BALANCE condition; returns the journal field `metrics` (raises on failure)."""
     pb, b = cond.playbook, cond.playbook.balance
-    hosts: HostControl = ctx.hosts
+    if pb.workload.kind != "arithmetic":
+        raise BadInputError("workload.kind: balance mode serves arithmetic problems only")
+    hosts = ctx.hosts
     server = ctx.lab.inventory().server
     draft = ctx.draft_model if ctx.dry_run else draft_folder(ctx.draft_model)
     records = f"{server.workdir}/runs/{cond.id}"
     hosts.run(server, f"rm -rf {shlex.quote(records)} && mkdir -p {shlex.quote(records)}")
     cost = cost_model_on(ctx, server, pb, staged)
     cost_remote = f"{records}/cost-model.json"
-    command = server_command(server, cond, ctx.target_model, draft, records, cost_remote)
+    target = model_on(server, "target_model", ctx.target_model)  # placed by Ansible, if so
+    command = server_command(server, cond, target, draft, records, cost_remote)
     if ctx.dry_run:
         ctx.say(f"  write the users and the cost model to {server.name}:{records}")
         hosts.start(server, "balance-server", command, env=AGENT_ENV)
         return {"metrics": {}}
-    if pb.workload.kind != "arithmetic":
-        raise BadInputError("workload.kind: balance mode serves arithmetic problems only")
     rows = user_rows(pb, ctx.target_model)
     local = staged / "inputs" / "users.jsonl"
     local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # the server gets each request, not the answer it is checked against
+    sent = [{k: v for k, v in r.items() if k != "reference"} for r in rows]
+    local.write_text("".join(json.dumps(r) + "\n" for r in sent))
     hosts.put(server, local, f"{records}/users.jsonl")
     hosts.put(server, staged / "cost-model.json", cost_remote)
     ctx.say(f"{cond.id}: {b.users} users arrive at {server.name} ({b.policy})")

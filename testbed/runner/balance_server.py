@@ -5,7 +5,9 @@ admission control and the hybrid engine loop (`testbed.balance.simulator.serve`)
 engines (`agents.balance.engine.EngineExecutor`, PyTorch, greedy), on the wall clock, and
 writes per user its mode, completion and output tokens, and a summary with the peak memory:
 reserved by admission, and held by the engine (the tokens really in each model's cache times
-the model's KV bytes per token, plus the weights and workspace resident at that moment).
+the model's KV bytes per token, plus the weights and workspace resident at that moment), and
+the process's peak RSS before the first user and at the end (its growth includes activations
+and logits as well as the caches).
 
 It lives in `testbed/` because the scheduler does (`agents/` imports nothing from `testbed/`).
 """
@@ -56,6 +58,11 @@ class MeasuredExecutor(EngineExecutor):
         return out
 
 
+def _peak_rss_bytes() -> int:
+    """The most resident memory this process has held so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--users", required=True, help="users.jsonl written by the runner")
@@ -82,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         deadline=np.array([r["deadline_s"] for r in rows]),
     )
     executor = MeasuredExecutor(target, draft, cost)
+    rss_loaded = _peak_rss_bytes()  # the models loaded, no user yet
     for uid, (p, r) in enumerate(zip(prompts, rows)):
         executor.submit(uid, p, r["max_new"])
     offset = executor.clock()  # arrivals count from here
@@ -110,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         "makespan_s": result.makespan_s,
         "peak_reserved_bytes": result.peak_memory_bytes,
         "peak_held_bytes": executor.peak_held_bytes,
-        "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "rss_peak_bytes": _peak_rss_bytes(),
+        "rss_loaded_bytes": rss_loaded,
         "ad_steps_per_s": service.ad_steps_per_s,
         "sd_rounds_per_s": service.sd_rounds_per_s,
     }

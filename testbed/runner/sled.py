@@ -303,6 +303,8 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
             fetch(hosts, dev, f"{dev.workdir}/{records}", DEVICE_FILES, dprocs[dev.name],
                   staged / "hosts" / dev.name)  # fmt: skip
         fetch(hosts, server, server_records, SERVER_FILES, sproc, staged / "hosts" / server.name)
+        link.update(link_events(lab, t_begin, time.time()))
+        atomic_write_json(staged / "link.json", link)
         answered = [p for ps in problems.values() for p in ps]
         metrics = build_tables(
             staged, cond, ctx.reference(answered, pb.workload.max_new_tokens), info
@@ -312,7 +314,8 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
         if procs:
             hosts.stop_all(procs, grace_s=2)
         clear(lab)
-        link.update(link_events(lab, t_begin, time.time()))
+        if "changes" not in link:  # a failed condition: what happened to its links so far
+            link.update(link_events(lab, t_begin, time.time()))
         if not ctx.dry_run and "summary" in link:
             atomic_write_json(staged / "link.json", link)
 
