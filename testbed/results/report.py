@@ -36,7 +36,7 @@ SUMMARY_COLUMNS = [
     ("peak_held_mib", "peak MiB", "{:.2f}"),
     ("completion_error_mean_abs", "sim err", "{:.0%}"),
 ]
-SUMMARY_NOTES = (
+SUMMARY_NOTES = (  # each printed when the table shows the column its text starts with
     "verified tok/s: tokens that came out of the target's verdicts; unverified tok/s: draft "
     "tokens kept while the server was unreachable (fallback); total = both. Rates divide by "
     "the longest device's own span (one clock per device).",
@@ -123,7 +123,10 @@ def print_summary(df: pd.DataFrame, title: str) -> None:
         table.add_row(*cells)
     console.print(table)
     for note in SUMMARY_NOTES:
-        console.print(f"[dim]{note}[/dim]")
+        if any(
+            note.startswith(h) or note.startswith(f"BALANCE (mode balance): {h}") for h in headers
+        ):
+            console.print(f"[dim]{note}[/dim]")
     if "reason" in df.columns:
         for _, r in df[df["status"] != "done"].iterrows():
             console.print(f"[red]{r['condition']} failed:[/red] {r['reason']}")
