@@ -13,6 +13,7 @@ from testbed.commands import (
     bench,
     capacity,
     compare,
+    costs,
     dashboard,
     lab,
     models,
@@ -37,6 +38,7 @@ app.command("validate")(validate.validate)
 app.command("capacity")(capacity.capacity)
 app.command("dashboard")(dashboard.dashboard)
 app.command("compare")(compare.compare)
+app.command("costs")(costs.costs)
 app.command("profile")(balance.profile)
 bench.app.command("balance")(balance.bench_balance)
 bench.app.command("balance-sim")(balance.bench_balance_sim)

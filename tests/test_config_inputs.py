@@ -216,3 +216,13 @@ def test_lab_impair_profile_file_errors_name_the_file_and_field(tmp_path):
     junk.write_bytes(b"\xff\xfe\x00garbage")
     result = runner.invoke(app, ["lab", "impair", "--profile", str(junk), "--name", "zz"])
     assert result.exit_code == 2 and "junk.yaml" in result.output
+
+
+def test_a_playbooks_cost_file_is_checked_when_the_playbook_loads(tmp_path):
+    (tmp_path / "costs.yaml").write_text("classes:\n  pi5: {price_per_hour: -1, power_w: 3}\n")
+    path = tmp_path / "pb.yaml"
+    path.write_text("name: t\ncosts: costs.yaml\n")
+    with pytest.raises(BadInputError, match=r"costs.yaml: classes.pi5.price_per_hour"):
+        load_playbook(path)
+    (tmp_path / "costs.yaml").write_text("kwh_price: 0.2\n")
+    assert load_playbook(path).costs == str(tmp_path / "costs.yaml")

@@ -20,17 +20,24 @@ def engine_kind(path: str | Path) -> str:
 
 
 def load_engine(
-    path: str | Path, kind: str = "auto", device: str = "cpu", threads: int = 1
+    path: str | Path,
+    kind: str = "auto",
+    device: str = "cpu",
+    threads: int = 1,
+    prefill_chunk: int | None = None,
 ) -> Engine:
-    """Load `path` with the engine `kind` ('auto', 'llama' or 'torch')."""
+    """Load `path` with the engine `kind` ('auto', 'llama' or 'torch'); prefill_chunk: the
+    most new tokens of a session per forward (llama.cpp's n_batch; None: the default)."""
     if kind == "auto":
         kind = engine_kind(path)
     if kind == "llama":
         from agents.engines.llama_cpp import LlamaCppEngine
 
+        if prefill_chunk:
+            return LlamaCppEngine(str(path), n_threads=threads, n_batch=prefill_chunk)
         return LlamaCppEngine(str(path), n_threads=threads)
     if kind == "torch":
         from agents.engines.torch_hf import TorchEngine
 
-        return TorchEngine(str(path), device=device, threads=threads)
+        return TorchEngine(str(path), device=device, threads=threads, prefill_chunk=prefill_chunk)
     raise ValueError(f"engine kind must be auto, llama or torch, got {kind!r}")

@@ -14,6 +14,10 @@ Design:
   real tokens, so no softmax row is fully masked and no NaN appears. After the forward each
   session's cache is replaced by its contiguous real block (copied), so pad garbage never
   persists, and only the real rows of the logits are returned.
+- `prefill_chunk` (None: off): a session's new tokens longer than it are fed in chunks of
+  that many tokens, one forward per chunk (sessions of a batch advance together, each chunk
+  step batching whoever still has tokens), which bounds the activations a long context
+  needs; the logits are the unchunked ones up to floating-point rounding.
 - Only full-attention caches are supported (Llama-style models); sliding-window layers are
   refused.
 - Tokenization uses the folder's `tokenizer.json` (the `tokenizers` library) with special-token
@@ -116,8 +120,13 @@ class TorchEngine(Engine):
         dtype: str | torch.dtype = "float32",
         threads: int | None = None,
         attn_implementation: str = "sdpa",
+        prefill_chunk: int | None = None,
     ) -> None:
-        """Load model_dir; threads sets torch's (process-wide) CPU thread count if given."""
+        """Load model_dir; threads sets torch's (process-wide) CPU thread count if given;
+        prefill_chunk: the most new tokens of one session per forward (None: no limit)."""
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
         self.path = Path(model_dir)
         for name in ("config.json", "tokenizer.json"):
             if not (self.path / name).is_file():
@@ -238,12 +247,24 @@ class TorchEngine(Engine):
                 work.append((sid, s, new))
             else:
                 out[sid] = np.empty((0, self.vocab_size), dtype=np.float32)
+        chunk = self.prefill_chunk
+        if not chunk or all(len(new) <= chunk for _, _, new in work):
+            out.update(self._forward(work))
+            return out
+        parts: dict[int, list[np.ndarray]] = {sid: [] for sid, _, _ in work}
+        for start in range(0, max(len(new) for _, _, new in work), chunk):
+            step = [(sid, s, new[start : start + chunk]) for sid, s, new in work if new[start:]]
+            for sid, rows in self._forward(step).items():
+                parts[sid].append(rows)
+        out.update({sid: np.concatenate(rows) for sid, rows in parts.items()})
+        return out
+
+    def _forward(self, work: list[tuple[int, _Session, list[int]]]) -> dict[int, np.ndarray]:
+        """One forward for every session of work (none may be empty)."""
         if len(work) == 1:
             sid, s, new = work[0]
-            out[sid] = self._forward_one(s, new)
-        elif work:
-            out.update(self._forward_many(work))
-        return out
+            return {sid: self._forward_one(s, new)}
+        return self._forward_many(work) if work else {}
 
     @torch.inference_mode()
     def _forward_one(self, s: _Session, new: list[int]) -> np.ndarray:

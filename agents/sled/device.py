@@ -29,6 +29,7 @@ import numpy as np
 
 from agents.engines.base import Engine, TokenizerMismatchError
 from agents.engines.factory import load_engine
+from agents.power import PowerSampler, detect_source
 from agents.protocol import wire
 from agents.protocol.address import parse_address
 from agents.protocol.auth import key_for_agent
@@ -42,7 +43,8 @@ from agents.spec.decoding import draft_tokens, finish
 from agents.spec.session import TrackedSession
 from agents.spec.sparse import sparse_rows
 
-RETRY_LATER = {"kv_pool_full", "engine_error", "sequence_too_long"}  # the round falls back
+# the round falls back
+RETRY_LATER = {"kv_pool_full", "kv_queue_timeout", "engine_error", "sequence_too_long"}
 
 
 @dataclass
@@ -483,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     link = ServerLink(args.server, key)
     t0 = time.time()
-    with RecordWriter(args.records) as records:
+    power = PowerSampler(args.records, detect_source())
+    with RecordWriter(args.records) as records, power:
         agent = DeviceAgent(engine, link, records, cfg)
 
         def stop(*_: object) -> None:
@@ -496,8 +499,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"device {args.dev}: refused by the server: {exc}", file=sys.stderr)
             return 3
         t1 = time.time()
+        power.stop()
         status = {"dev": args.dev, "answered": answered, "t_start": t0, "t_end": t1,
-                  "seconds": t1 - t0}  # fmt: skip
+                  "seconds": t1 - t0, **power.summary.as_status()}  # fmt: skip
         (args.records / "status.json").write_text(json.dumps(status) + "\n")
     print(f"device {args.dev}: answered {answered}/{len(problems)} problems")
     return 0

@@ -27,6 +27,7 @@ class Limits:
     max_seq_length: int = 4096
     max_support: int = 256  # longest sparse draft distribution row
     max_temperature: float = 10.0
+    truncate: bool = False  # longer sessions keep their most recent tokens instead of refusal
 
 
 def check_names(dev: str, sid: str | None = None) -> str | None:
@@ -55,7 +56,7 @@ def check_verify(msg: wire.Verify, limits: Limits) -> str | None:
         not 0 <= t < limits.vocab_size for t in msg.draft
     ):
         return "token_out_of_vocab"
-    if msg.pos + len(msg.ctx) + len(msg.draft) > limits.max_seq_length:
+    if not limits.truncate and msg.pos + len(msg.ctx) + len(msg.draft) > limits.max_seq_length:
         return "sequence_too_long"
     if msg.conf and (len(msg.conf) != len(msg.draft) or any(not 0 <= c <= 1 for c in msg.conf)):
         return "bad_confidence"
@@ -89,7 +90,8 @@ def check_generate(msg: wire.Generate, limits: Limits) -> str | None:
         return problem
     if not msg.prompt or any(not 0 <= t < limits.vocab_size for t in msg.prompt):
         return "token_out_of_vocab"
-    if msg.max_new < 1 or len(msg.prompt) + msg.max_new > limits.max_seq_length:
+    longest = msg.max_new + (1 if limits.truncate else len(msg.prompt))  # truncate: a tail
+    if msg.max_new < 1 or longest > limits.max_seq_length:
         return "sequence_too_long"
     return None
 

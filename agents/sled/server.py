@@ -4,7 +4,8 @@ A single-threaded UDP loop. The first request to arrive opens a batch window of 
 requests arriving within it (up to `max_batch`) are grouped by the batch strategy
 (`batching`: arrival order, or best fit by length) and each group is verified in one
 `score_batch` forward of the target; centralized requests (GENERATE) advance between
-batches, one token per step (`centralized`). Sessions share one KV budget (`kv_pool`).
+batches, one token per step (`centralized`). Sessions share one KV budget (`kv_pool`); a
+VERIFY that does not fit is refused or waits in the pool's queue, by policy.
 Each (device, session) keeps its committed tokens and a tracked KV session; a repeated
 request id is answered from the per-device reply cache without recomputing.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import secrets
 import select
 import signal
@@ -35,6 +37,7 @@ import numpy as np
 
 from agents.engines.base import Engine
 from agents.engines.factory import load_engine
+from agents.power import PowerSampler, detect_source
 from agents.protocol import wire
 from agents.protocol.address import parse_address
 from agents.protocol.auth import LabKey, key_for_agent
@@ -49,7 +52,8 @@ from agents.sled.guard import (
     check_rid,
     check_verify,
 )
-from agents.sled.kv_pool import KvPool, budget_tokens
+from agents.sled.kv_pool import KvPool, KvQueue, Policy, budget_tokens
+from agents.sled.truncation import dropped_tokens, slide_step, window
 from agents.spec.acceptance import verify
 from agents.spec.confidence import ConfidenceBuckets
 from agents.spec.session import TrackedSession
@@ -81,6 +85,7 @@ class Planned:
     session: ServerSession
     committed: list[int]
     feed: list[int]
+    dropped: int = 0  # committed tokens after BOS the target no longer sees (truncation)
 
     @property
     def msg(self) -> wire.Verify:
@@ -103,7 +108,10 @@ class VerificationServer:
         pool: KvPool | None = None,
         strategy: Strategy = "arrival",
         seed: int | None = None,
+        kv_queue: KvQueue[Pending] | None = None,
     ) -> None:
+        """kv_queue: where VERIFYs that do not fit the pool wait (the `queue` policy); None
+        refuses them at once (the `refuse` policy)."""
         self.engine = engine
         self.sock = sock
         self.key = key
@@ -112,11 +120,14 @@ class VerificationServer:
         self.window_s = window_ms / 1000
         self.max_sessions = max_sessions
         self.limits = limits or Limits(vocab_size=engine.vocab_size)
+        if self.limits.truncate:
+            slide_step(self.limits.max_seq_length, self.limits.max_draft)  # room for a window
         self.strategy = strategy
         self.rng = np.random.default_rng(seed)
         self.confidence = ConfidenceBuckets()
         self.batcher = ContinuousBatcher(engine, max_batch)
         self.pool = pool or KvPool(budget=max_sessions * self.limits.max_seq_length)
+        self.kv_queue = kv_queue
         self.epoch = secrets.token_hex(8)
         self.sessions: OrderedDict[tuple[str, str], ServerSession] = OrderedDict()
         self.last_rid: dict[str, int] = {}  # device -> highest authenticated request id
@@ -189,7 +200,11 @@ class VerificationServer:
                     self._stale(msg.dev, msg.rid, addr)
                     return
                 batch[:] = [p for p in batch if p.msg.dev != msg.dev]  # a newer rid supersedes
-                batch.append(Pending(msg, addr, time.monotonic()))
+                pending = Pending(msg, addr, time.monotonic())
+                if self.kv_queue is not None and msg.dev in self.kv_queue.entries:
+                    self.kv_queue.offer(msg.dev, pending, pending.arrived)  # keeps its place
+                else:
+                    batch.append(pending)
         elif isinstance(msg, wire.Generate):
             self._generate(msg, addr)
         elif isinstance(msg, wire.Hello):
@@ -212,6 +227,9 @@ class VerificationServer:
         """Centralized mode: queue the prompt for continuous-batched generation."""
         problem = check_generate(msg, self.limits)
         key = (msg.dev, msg.sid)
+        room = self.limits.max_seq_length - msg.max_new
+        if not problem and len(msg.prompt) > room:  # truncate: BOS and the prompt's tail
+            msg.prompt = window(msg.prompt, len(msg.prompt) - room)
         if problem:
             self.refuse(problem, f"GENERATE refused: {problem}", addr, msg.rid)
         elif not self._fresh(msg.dev, msg.rid, addr):
@@ -283,10 +301,12 @@ class VerificationServer:
         elif msg.epoch != self.epoch:
             self.refusals["stale_epoch"] += 1
         else:
-            if (msg.dev, msg.sid) in self.sessions:
-                self.drop((msg.dev, msg.sid))
-            else:
+            queued = self.kv_queue.entries.get(msg.dev) if self.kv_queue is not None else None
+            if queued is not None and queued[0].msg.sid == msg.sid:
+                self.kv_queue.discard(msg.dev)  # type: ignore[union-attr]
+            elif (msg.dev, msg.sid) not in self.sessions:
                 self.refusals["unknown_session"] += 1
+            self.drop((msg.dev, msg.sid))
 
     def drop(self, key: tuple[str, str]) -> None:
         """Forget a session and free its cache and its share of the KV pool."""
@@ -296,15 +316,17 @@ class VerificationServer:
             with contextlib.suppress(Exception):
                 session.tracked.close()
 
-    def expire_idle(self) -> None:
+    def expire_idle(self, keep: tuple[str, str] | None = None) -> None:
+        """Drop sessions idle for longer than the pool's idle_s (all but `keep`)."""
         for key in self.pool.idle(time.monotonic()):
-            self.refusals["expired_idle"] += 1
-            self.drop(key)  # type: ignore[arg-type]
+            if key != keep:
+                self.refusals["expired_idle"] += 1
+                self.drop(key)  # type: ignore[arg-type]
 
     def _admit(self, key: tuple[str, str], tokens: int) -> bool:
         """Reserve `tokens` of the KV pool for key, expiring idle sessions if it must."""
         if not self.pool.fits(key, tokens):
-            self.expire_idle()
+            self.expire_idle(keep=key)
         if not self.pool.fits(key, tokens):
             return False
         self.pool.hold(key, tokens, time.monotonic())
@@ -323,20 +345,30 @@ class VerificationServer:
 
     # -- batched verification ------------------------------------------------------------
     def verify_batch(self, batch: list[Pending]) -> None:
-        """Admit the waiting requests, group them by the batch strategy, one forward per group."""
+        """Admit the queued, then the new requests; group them by the batch strategy, one
+        forward per group."""
         t_start = time.monotonic()
         plan: list[Planned] = []
-        for p in batch:
+        candidates = [(p, p.arrived) for p in batch]
+        if self.kv_queue is not None:
+            for p in self.kv_queue.timed_out(t_start):
+                self.refusals["kv_queue_timeout"] += 1
+                error = wire.Error(p.msg.rid, "KV pool queue: waited too long", "kv_queue_timeout")
+                self._send(error, p.addr, p.msg.dev)
+            candidates = [(p, since) for _, p, since in self.kv_queue.take_all()] + candidates
+        waiting = False  # an earlier request waits for room: new sessions line up behind it
+        for p, since in candidates:
             m = p.msg
-            known = self.sessions.get((m.dev, m.sid))
+            key = (m.dev, m.sid)
+            known = self.sessions.get(key)
             have = len(known.committed) if known else 0
             if m.pos > have:  # a session opens only with its full context
                 self._send(wire.Resync(m.rid, m.sid, have), p.addr, m.dev)
                 continue
-            if not self._admit((m.dev, m.sid), m.pos + len(m.ctx) + len(m.draft)):
-                self.refusals["kv_pool_full"] += 1
-                error = wire.Error(m.rid, "KV pool full: try again later", "kv_pool_full")
-                self._send(error, p.addr, m.dev)
+            opening = key not in self.pool.tokens
+            need = min(m.pos + len(m.ctx) + len(m.draft), self.limits.max_seq_length)
+            if (waiting and opening) or not self._admit(key, need):
+                waiting = self._no_room(p, since) or waiting
                 continue
             session = self._session(m.dev, m.sid)
             committed = session.committed[: m.pos] + m.ctx
@@ -345,14 +377,28 @@ class VerificationServer:
                 error = wire.Error(m.rid, "empty context: send the prompt first", "empty_context")
                 self._send(error, p.addr, m.dev)
                 continue
-            feed = session.tracked.prepare(committed)
-            plan.append(Planned(p, session, committed, feed))
+            dropped = 0
+            if self.limits.truncate:
+                limit, longest = self.limits.max_seq_length, self.limits.max_draft
+                dropped = dropped_tokens(len(committed), limit, longest)
+            feed = session.tracked.prepare(window(committed, dropped))
+            plan.append(Planned(p, session, committed, feed, dropped))
         shapes = [
             Shape(len(x.session.tracked.tokens), len(x.feed) + len(x.msg.draft)) for x in plan
         ]
         for group in plan_groups(shapes, self.strategy, self.max_batch):
             self._forward([plan[i] for i in group], padding_share([shapes[i] for i in group]),
                           t_start)  # fmt: skip
+
+    def _no_room(self, p: Pending, since: float) -> bool:
+        """A VERIFY that does not fit the pool: queue it (True) or refuse it (False)."""
+        m = p.msg
+        if self.kv_queue is not None and self.kv_queue.offer(m.dev, p, since):
+            return True
+        self.refusals["kv_pool_full"] += 1
+        error = wire.Error(m.rid, "KV pool full: try again later", "kv_pool_full")
+        self._send(error, p.addr, m.dev)
+        return False
 
     def _forward(self, group: list[Planned], padding: float, t_start: float) -> None:
         """One target forward for the group's requests, then a verdict to each device."""
@@ -374,7 +420,7 @@ class VerificationServer:
             else:
                 verdict = verify(rows, m.draft)
             session.tracked.record_scored(x.feed + m.draft)
-            session.tracked.truncate(len(x.committed) + verdict.accepted)
+            session.tracked.truncate(len(x.committed) - x.dropped + verdict.accepted)
             session.committed = x.committed + verdict.emitted(m.draft)
             if m.conf:
                 self.confidence.add(m.conf, verdict.accepted)
@@ -403,6 +449,7 @@ class VerificationServer:
                         "accepted": verdict.accepted,
                         "conf": m.conf,
                         "fed": len(x.feed) + len(m.draft),
+                        "dropped": x.dropped,
                         "batch": len(group),
                         "queue_ms": queue_ms,
                         "compute_ms": compute_ms,
@@ -420,6 +467,7 @@ class VerificationServer:
                     "wait_ms": (t_forward - t_start) * 1000,
                     "kv_used": self.pool.used,
                     "kv_budget": self.pool.budget,
+                    "kv_queued": len(self.kv_queue or ()),
                     "sessions": len(self.sessions),
                     "compute_ms": compute_ms,
                 },
@@ -463,6 +511,8 @@ class VerificationServer:
                     self.generate_step()
                 else:
                     self.expire_idle()
+                if self.kv_queue:
+                    self.verify_batch([])
                 continue
             batch: list[Pending] = []
             deadline = None
@@ -481,14 +531,20 @@ class VerificationServer:
                     left = deadline - time.monotonic()
                     if left <= 0 or not select.select([self.sock], [], [], left)[0]:
                         break
-            if batch:
+            if batch or self.kv_queue:
                 self.verify_batch(batch)
             if self.batcher.busy:
                 self.generate_step()
         self.write_refusals()
 
 
-def main(argv: list[str] | None = None) -> int:
+def kv_queue(policy: Policy, max_len: int, timeout_s: float) -> KvQueue[Pending] | None:
+    """The wait queue the policy asks for (None: refuse at once)."""
+    return KvQueue(max_len, timeout_s) if policy == "queue" else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The server's command line."""
     ap = argparse.ArgumentParser(description="SLED verification server (target model).")
     ap.add_argument("--bind", type=parse_address, required=True, help="HOST:PORT to listen on")
     ap.add_argument("--model", required=True, help="target model: HF folder or .gguf")
@@ -506,8 +562,21 @@ def main(argv: list[str] | None = None) -> int:
         "--max-seq-length",
         "--max_seq_length",
         type=int,
-        help="longest session (prompt + output; default: the target's context, else 4096); "
-        "longer requests are refused",
+        help="longest session the target sees (prompt + output; default: the target's "
+        "context, else 4096)",
+    )
+    ap.add_argument(
+        "--max-seq-policy",
+        "--max_seq_policy",
+        choices=["truncate", "refuse"],
+        default="truncate",
+        help="a longer session: the target keeps BOS and the most recent tokens, or refuses",
+    )
+    ap.add_argument(
+        "--prefill-chunk",
+        "--prefill_chunk",
+        type=int,
+        help="feed a session's new tokens in chunks of at most this many (long contexts)",
     )
     budget = ap.add_mutually_exclusive_group()
     budget.add_argument("--kv-cache-tokens", type=int, help="KV pool budget in cached tokens")
@@ -517,20 +586,43 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="KV pool budget as a fraction of the target device's memory",
     )
+    ap.add_argument(
+        "--kv-policy",
+        "--kv_policy",
+        choices=["refuse", "queue"],
+        default="refuse",
+        help="a VERIFY that does not fit the KV pool: refused at once, or queued (FIFO)",
+    )
+    ap.add_argument("--kv-queue-max", "--kv_queue_max", type=int, default=64)
+    ap.add_argument("--kv-queue-timeout-s", "--kv_queue_timeout_s", type=float, default=10.0)
     ap.add_argument("--seed", type=int, help="sampling: the verifier's random seed")
     ap.add_argument("--idle-s", type=float, default=120.0, help="expire sessions idle this long")
     ap.add_argument("--records", type=Path, required=True, help="folder for record files")
     ap.add_argument("--ready-file", type=Path, help="touched once the server listens")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
+    if args.kv_queue_max < 1 or args.kv_queue_timeout_s <= 0:
+        ap.error("--kv-queue-max must be >= 1 and --kv-queue-timeout-s > 0")
+    if args.prefill_chunk is not None and args.prefill_chunk < 1:
+        ap.error("--prefill-chunk must be >= 1")
 
     key = key_for_agent(args.key_file, "verification server")
-    engine = load_engine(args.model, kind=args.engine, device=args.device, threads=args.threads)
+    engine = load_engine(
+        args.model, args.engine, args.device, args.threads, prefill_chunk=args.prefill_chunk
+    )
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.bind(args.bind)
-    with RecordWriter(args.records) as records:
+    t0 = time.time()
+    power = PowerSampler(args.records, detect_source())
+    with RecordWriter(args.records) as records, power:
         max_seq = args.max_seq_length or getattr(engine, "max_positions", None) or 4096
-        limits = Limits(engine.vocab_size, args.max_draft, max_seq)
+        truncate = args.max_seq_policy == "truncate"
+        limits = Limits(engine.vocab_size, args.max_draft, max_seq, truncate=truncate)
         tokens = args.kv_cache_tokens or 256 * max_seq
         if args.kv_cache_mem:
             per_token = getattr(engine, "kv_bytes_per_token", 0)
@@ -539,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         server = VerificationServer(
             engine, sock, key, records, args.max_batch, args.window_ms, limits=limits, pool=pool,
             strategy=args.batch_strategy, seed=args.seed,
+            kv_queue=kv_queue(args.kv_policy, args.kv_queue_max, args.kv_queue_timeout_s),
         )  # fmt: skip
 
         def stop(*_: object) -> None:
@@ -551,6 +644,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"verification server on {args.bind[0]}:{args.bind[1]} with {engine.describe()}")
         sys.stdout.flush()
         server.serve()
+        power.stop()
+        t1 = time.time()  # the status names no host: the controller knows it by the folder
+        status = {"role": "server", "t_start": t0, "t_end": t1, "seconds": t1 - t0}
+        (args.records / "status.json").write_text(
+            json.dumps({**status, **power.summary.as_status()}) + "\n"
+        )
     return 0
 
 

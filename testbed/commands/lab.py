@@ -168,6 +168,9 @@ def status(name: NameOpt = "lab", state_dir: StateOpt = None) -> None:
         if imp is not None:
             for dev, prof in imp.profiles.items():
                 typer.echo(f"impaired ({imp.backend}): {dev}: {prof.model_dump(exclude_none=True)}")
+            for dev, prof in imp.backup.items():
+                shown = prof.model_dump(exclude_none=True)
+                typer.echo(f"impaired ({imp.backend}): {dev} backup path: {shown}")
         if not st.healthy:
             raise typer.Exit(int(ExitCode.LAB))
 

@@ -140,6 +140,11 @@ class SledSection(Strict):
     window_ms: float = Field(2.0, ge=0)
     kv_cache_tokens: int | None = Field(None, ge=1, description="server KV pool budget")
     max_seq_length: int | None = Field(None, ge=8, description="longest session, tokens")
+    max_seq_policy: Literal["truncate", "refuse"] = "truncate"
+    kv_policy: Literal["refuse", "queue"] = "refuse"
+    kv_queue_max: int = Field(64, ge=1, description="queue policy: requests waiting at most")
+    kv_queue_timeout_s: float = Field(10.0, gt=0, description="queue policy: longest wait")
+    prefill_chunk: int | None = Field(None, ge=1, description="server: new tokens per forward")
     idle_s: float = Field(120.0, gt=0, description="server: expire sessions idle this long")
     server_threads: int = Field(1, ge=1)
     device_threads: int = Field(1, ge=1)
@@ -214,6 +219,9 @@ class Playbook(Strict):
     )
     impairment: ImpairmentSection = ImpairmentSection()
     balance: BalanceSection = BalanceSection()
+    costs: str | None = Field(
+        None, description="cost table YAML (`testbed costs --file`) over the default per-class one"
+    )
     condition_timeout_s: float = Field(300.0, gt=0)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
 
@@ -430,10 +438,16 @@ def load_playbook(path: str | Path) -> Playbook:
     data = read_yaml(path)
     if isinstance(data, dict) and data.get("topology") is not None:
         apply_topology(data, path)
+    if isinstance(data, dict) and isinstance(data.get("costs"), str):
+        data["costs"] = str((path.parent / data["costs"]).resolve())
     lab = data.get("lab") if isinstance(data, dict) else None
     if isinstance(lab, dict) and isinstance(lab.get("inventory"), str):
         lab["inventory"] = str((path.parent / lab["inventory"]).resolve())
     pb = validate(Playbook, data, str(path))
     if pb.workload.kind == "gsm8k" and not pb.workload.gsm8k_path:
         raise BadInputError(f"{path}: workload.gsm8k_path: required when workload.kind is gsm8k")
+    if pb.costs:  # checked now, not after the first condition
+        from testbed.metrics.cost import load_cost_table
+
+        load_cost_table(Path(pb.costs))
     return pb

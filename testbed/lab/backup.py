@@ -13,9 +13,11 @@ device's backup address) moves to the backup link. When `up_after` probes in a r
 again, the route is deleted and traffic returns to the primary. Each switch is one JSON line in
 the failover log (`Failover`, time-stamped) for the run's records.
 
-Backup ports are named `b-<host>`; `backup_site(lab)` is the lab seen through them, for an
-impairment backend to give the backup links their own profile (a backend that rewrites one
-rule set per bridge namespace, as the NFQUEUE one does, must apply both paths in one go).
+Backup ports are named `b-<host>`; `backup_site(lab)` is the lab seen through them, the way
+backup traffic looks there: from a device's backup address to the server's primary one. The
+impairment backends impair both paths in one go (`testbed.netem.apply_each(lab, primary,
+backup=...)`: one rule set and one holder per bridge namespace); `probe_backup` measures the
+backup links over the devices' backup interfaces, whichever path their traffic takes now.
 """
 
 from __future__ import annotations
@@ -25,16 +27,21 @@ import select
 import subprocess
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
 from testbed.errors import LabError
 from testbed.lab import naming
 from testbed.lab.discover import TAG_FLAG
-from testbed.lab.interface import LinkSite
+from testbed.lab.interface import Lab, LinkSite
 from testbed.lab.spec import LabHost
 from testbed.lab.system import SystemRunner
+from testbed.netem.profile import LinkProfile
+from testbed.topo.model import PathKind
+
+if TYPE_CHECKING:
+    from testbed.netem.probe import ProbeResult
 
 BACKUP_BRIDGE = "br1"
 BACKUP_IFACE = "eth1"
@@ -99,6 +106,37 @@ def default_backup_subnet(primary: ipaddress.IPv4Network) -> ipaddress.IPv4Netwo
     )
 
 
+def _backup_ends(
+    lab: LinkSite, subnet: ipaddress.IPv4Network | None, prefix_len: int
+) -> tuple[ipaddress.IPv4Network, dict[str, PathEnd]]:
+    """(backup subnet, every host's two addresses): host i of the lab gets address i of
+    `subnet` (default: the subnet after the lab's)."""
+    primary = ipaddress.IPv4Network(f"{lab.server.ip}/{prefix_len}", strict=False)
+    subnet = subnet or default_backup_subnet(primary)
+    base = int(subnet.network_address)
+    ends = {}
+    for host in lab.hosts:
+        offset = int(ipaddress.IPv4Address(host.ip)) - int(primary.network_address)
+        ip = str(ipaddress.IPv4Address(base + offset))
+        ends[host.name] = PathEnd(
+            name=host.name, netns=host.netns or "", primary_ip=host.ip, backup_ip=ip
+        )
+    return subnet, ends
+
+
+def plan_backup(
+    lab: LinkSite, subnet: ipaddress.IPv4Network | None = None, *, prefix_len: int = 24
+) -> BackupPlan:
+    """Where a lab's backup links go (nothing is made; see `build_backup`)."""
+    subnet, ends = _backup_ends(lab, subnet, prefix_len)
+    return BackupPlan(
+        lab=lab.name,
+        subnet=subnet,
+        server=ends[lab.server.name],
+        devices=[ends[d.name] for d in lab.devices],
+    )
+
+
 def build_backup(
     lab: LinkSite, subnet: ipaddress.IPv4Network | None = None, *, prefix_len: int = 24
 ) -> BackupPlan:
@@ -111,43 +149,33 @@ def build_backup(
     sw = lab.bridge_netns
     if sw is None:
         raise LabError(f"lab {lab.name}: no bridge namespace to add a backup path to")
-    primary = ipaddress.IPv4Network(f"{lab.server.ip}/{prefix_len}", strict=False)
-    subnet = subnet or default_backup_subnet(primary)
-    base = int(subnet.network_address)
-    ends = {}
+    subnet, ends = _backup_ends(lab, subnet, prefix_len)
     r.run(["ip", "-n", sw, "link", "add", BACKUP_BRIDGE, "type", "bridge"])
     r.run(["ip", "-n", sw, "link", "set", BACKUP_BRIDGE, "up"])
-    for host in lab.hosts:
-        offset = int(ipaddress.IPv4Address(host.ip)) - int(primary.network_address)
-        ip = str(ipaddress.IPv4Address(base + offset))
-        port = backup_port(host.name)
+    for end in ends.values():
+        port = backup_port(end.name)
         r.run(
-            ["ip", "link", "add", BACKUP_IFACE, "netns", host.netns, "type", "veth"]
+            ["ip", "link", "add", BACKUP_IFACE, "netns", end.netns, "type", "veth"]
             + ["peer", "name", port, "netns", sw]
         )
         r.run(["ip", "-n", sw, "link", "set", port, "master", BACKUP_BRIDGE, "up"])
-        r.run(
-            ["ip", "-n", host.netns, "addr", "add", f"{ip}/{subnet.prefixlen}", "dev", BACKUP_IFACE]
-        )
-        r.run(["ip", "-n", host.netns, "link", "set", BACKUP_IFACE, "up"])
-        ends[host.name] = PathEnd(
-            name=host.name, netns=host.netns, primary_ip=host.ip, backup_ip=ip
-        )
-    plan = BackupPlan(
-        lab=lab.name,
-        subnet=subnet,
-        server=ends[lab.server.name],
-        devices=[ends[d.name] for d in lab.devices],
-    )
+        cidr = f"{end.backup_ip}/{subnet.prefixlen}"
+        r.run(["ip", "-n", end.netns, "addr", "add", cidr, "dev", BACKUP_IFACE])
+        r.run(["ip", "-n", end.netns, "link", "set", BACKUP_IFACE, "up"])
+    plan = plan_backup(lab, subnet, prefix_len=prefix_len)
     r.write_file(lab.runtime_dir / PLAN_FILE, plan.model_dump_json(indent=2))
     return plan
 
 
 class _BackupSite:
-    """A lab seen through its backup ports (`b-<host>`), for the impairment backends."""
+    """A lab seen through its backup ports (`b-<host>`), for the impairment backends: each
+    device at its backup address, the server at its primary one (the address devices keep
+    using after a failover). Its runtime dir is its own, so an impairment is never applied to
+    it alone (that would replace the primary path's): impair both with `apply_each`."""
 
-    def __init__(self, lab: LinkSite) -> None:
+    def __init__(self, lab: LinkSite, plan: BackupPlan) -> None:
         self._lab = lab
+        self._backup_ip = {end.name: end.backup_ip for end in plan.devices}
         self.runner = lab.runner
 
     @property
@@ -159,7 +187,8 @@ class _BackupSite:
         return self._lab.bridge_netns
 
     def _backup(self, h: LabHost) -> LabHost:
-        return h.model_copy(update={"port": backup_port(h.name)})
+        ip = self._backup_ip.get(h.name, h.ip)
+        return h.model_copy(update={"port": backup_port(h.name), "ip": ip})
 
     @property
     def hosts(self) -> list[LabHost]:
@@ -181,10 +210,67 @@ class _BackupSite:
         return self._backup(self._lab.host(name))
 
 
-def backup_site(lab: LinkSite) -> LinkSite:
-    """The lab's backup links as a `LinkSite`: pass it to `testbed.netem.apply` to give them
-    their own profile."""
-    return _BackupSite(lab)
+def backup_site(lab: LinkSite, plan: BackupPlan | None = None) -> LinkSite:
+    """The lab's backup links as a `LinkSite` (LabError if the lab has no backup path)."""
+    plan = plan or load_plan(lab)
+    if plan is None:
+        raise LabError(f"lab {lab.name} has no backup path (its topology has no backup links)")
+    return _BackupSite(lab, plan)
+
+
+def path_site(lab: LinkSite, path: PathKind) -> LinkSite:
+    """Where the `path` links of `lab` are impaired: the lab itself, or its backup site."""
+    return lab if path == "primary" else backup_site(lab)
+
+
+def backup_profiles(
+    lab: Lab, devices: list[str], seed: int | None = None
+) -> dict[str, LinkProfile]:
+    """Each named device's backup-link profile from the lab's topology (seeded with `seed`
+    unless it sets its own); empty when the lab has no backup path."""
+    if load_plan(lab) is None:
+        return {}
+    out = {}
+    for device in devices:
+        link = lab.topology.link(device, "backup")
+        if link is not None:
+            prof = link.profile
+            out[device] = prof if prof.seed is not None else prof.model_copy(update={"seed": seed})
+    return out
+
+
+def backup_ports(lab: LinkSite) -> list[str]:
+    """The backup ports of a lab with a backup path (empty otherwise)."""
+    return [backup_port(h.name) for h in lab.hosts] if load_plan(lab) is not None else []
+
+
+def probe_backup(
+    lab: LinkSite,
+    requested: dict[str, LinkProfile],
+    count: int = 200,
+    interval_ms: float = 10.0,
+) -> dict[str, ProbeResult]:
+    """Probe each named device's backup link over its backup interface (`eth1`), against its
+    requested profile, while its traffic may still use the primary path."""
+    from testbed.netem.probe import probe_links
+
+    site = backup_site(lab)
+    groups: dict[str, list[str]] = {}
+    for device, profile in requested.items():
+        groups.setdefault(profile.model_dump_json(), []).append(device)
+    results: dict[str, ProbeResult] = {}
+    for devices in groups.values():
+        results.update(
+            probe_links(
+                site,
+                list(devices),
+                requested[devices[0]],
+                count=count,
+                interval_ms=interval_ms,
+                via=BACKUP_IFACE,
+            )  # fmt: skip
+        )
+    return {d: results[d] for d in requested}
 
 
 # --- the monitor ---------------------------------------------------------------------------
@@ -214,9 +300,15 @@ def start_monitor(lab: LinkSite, plan: BackupPlan, python: str = sys.executable)
 
 
 def load_plan(lab: LinkSite) -> BackupPlan | None:
-    """The backup plan of a lab that has a backup path (None otherwise)."""
+    """The backup plan of a lab that has a backup path (None otherwise). A dry run writes no
+    plan: a dry-run namespace lab whose topology has backup links gets the one `up` makes."""
     path = lab.runtime_dir / PLAN_FILE
-    return BackupPlan.model_validate_json(path.read_text()) if path.exists() else None
+    if path.exists():
+        return BackupPlan.model_validate_json(path.read_text())
+    topology = getattr(lab, "topology", None)
+    if lab.runner.dry_run and getattr(lab, "kind", None) == "namespaces" and topology is not None:
+        return plan_backup(lab) if topology.has_backup else None
+    return None
 
 
 def failover_log(lab: LinkSite) -> Path:

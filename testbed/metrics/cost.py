@@ -2,9 +2,10 @@
 
 cost of a condition = sum over hosts of hours_h * (price_per_hour + power_w / 1000 * kwh_price),
 where hours_h is the host's own measured span (its clock). Power is the host's measured mean
-power where it reports one (tegrastats, nvidia-smi), else the class's nominal figure.
-The defaults are planning figures (list prices over three years of continuous use); give your
-own with a YAML file of the same shape (`testbed report RUN --costs FILE`).
+power where its agent sampled one (`agents.power`: nvidia-smi, tegrastats, RAPL), else the
+class's nominal figure. The defaults are planning figures (list prices over three years of
+continuous use); a YAML file of the same shape overrides the electricity price and the
+classes it names (`testbed costs --file FILE` shows the table that results).
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from testbed.errors import BadInputError
+
+HOURS_3_YEARS = 3 * 365 * 24
 
 
 class HostCost(BaseModel):
@@ -21,20 +26,21 @@ class HostCost(BaseModel):
     power_w: float = Field(ge=0, description="nominal power draw under load, W")
 
 
+DEFAULT_CLASSES: dict[str, HostCost] = {
+    "pi5": HostCost(price_per_hour=80 / HOURS_3_YEARS, power_w=8),
+    "jetson-orin-nano": HostCost(price_per_hour=500 / HOURS_3_YEARS, power_w=15),
+    "a100": HostCost(price_per_hour=15000 / HOURS_3_YEARS, power_w=400),
+    "cpu-server": HostCost(price_per_hour=3000 / HOURS_3_YEARS, power_w=150),
+}
+
+
 class CostTable(BaseModel):
     """Per-host-class costs and the electricity price."""
 
     model_config = ConfigDict(extra="forbid")
 
     kwh_price: float = Field(0.30, ge=0, description="electricity, USD per kWh")
-    classes: dict[str, HostCost] = Field(
-        default_factory=lambda: {
-            "pi5": HostCost(price_per_hour=80 / 26280, power_w=8),
-            "jetson-orin-nano": HostCost(price_per_hour=500 / 26280, power_w=15),
-            "a100": HostCost(price_per_hour=15000 / 26280, power_w=400),
-            "cpu-server": HostCost(price_per_hour=3000 / 26280, power_w=150),
-        }
-    )
+    classes: dict[str, HostCost] = Field(default_factory=lambda: dict(DEFAULT_CLASSES))
 
     def hourly(self, host_class: str, power_w: float | None = None) -> float | None:
         """USD per hour of one host of this class; None for a class not in the table."""
@@ -45,7 +51,27 @@ class CostTable(BaseModel):
         return cost.price_per_hour + watts / 1000 * self.kwh_price
 
 
-def load_cost_table(path: Path) -> CostTable:
+def read_cost_file(path: Path) -> CostTable:
+    """The file as written (classes it does not name are absent); every class must be a host
+    class (`testbed.topo.hosts`), else a BadInputError naming the file and key."""
     from testbed.config.loading import load_model
+    from testbed.topo.hosts import HOST_CLASSES
 
-    return load_model(CostTable, path)
+    given = load_model(CostTable, path)
+    if "classes" not in given.model_fields_set:
+        given = given.model_copy(update={"classes": {}})
+    for name in given.classes:
+        if name not in HOST_CLASSES:
+            known = ", ".join(HOST_CLASSES)
+            raise BadInputError(f"{path}: classes.{name}: not a host class (known: {known})")
+    return given
+
+
+def with_defaults(given: CostTable) -> CostTable:
+    """The default classes, with those `given` names over them."""
+    return given.model_copy(update={"classes": {**DEFAULT_CLASSES, **given.classes}})
+
+
+def load_cost_table(path: Path) -> CostTable:
+    """The defaults, with the file's electricity price and the classes it names over them."""
+    return with_defaults(read_cost_file(path))

@@ -86,8 +86,10 @@ class RequestRecord:
 class HostRecord:
     """One host's part in a condition: when its agent ran, its class, its clock offset.
 
-    Devices report their own start and end (status file, `clock` "own"); the server's span is
-    timed by the controller around starting and stopping it (`clock` "controller").
+    Agents report their own start and end (status file, `clock` "own"); a server that left no
+    status (killed) has the span the controller timed around starting and stopping it (`clock`
+    "controller"). Power and energy are the agent's own samples (`agents.power`) over its
+    span; `power_source` None: none measured, cost uses the class's nominal power.
     """
 
     table: ClassVar[str] = "hosts"
@@ -102,6 +104,8 @@ class HostRecord:
     clock_offset_s: float | None = None  # host clock - controller clock (metrics.clocks)
     clock_offset_err_s: float | None = None
     power_w: float | None = None  # mean measured power, where the host reports it
+    energy_j: float | None = None  # measured energy over the span
+    power_source: str | None = None  # "nvidia-smi", "tegrastats", "rapl"; None: nominal
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,9 @@ class ConditionStats:
     slo_met: int = 0
     slo_met_tokens: int = 0
     cost_usd: float | None = None
+    hosts: int = 0  # hosts in the hosts table (devices and server)
+    measured_hosts: int = 0  # hosts that reported measured power (agents.power)
+    energy_j: float | None = None  # measured energy summed over those hosts
 
     # -- throughput -------------------------------------------------------------------------
     def _rate(self, tokens: int) -> float | None:
@@ -303,6 +306,24 @@ class ConditionStats:
             return None
         return self.cost_usd / self.verified_tokens * 1000
 
+    @property
+    def energy_per_1k_tokens_j(self) -> float | None:
+        """energy_j / total tokens * 1000: measured joules per 1,000 tokens, over the hosts
+        that report power (all of them only when measured_hosts == hosts)"""
+        if self.energy_j is None or not self.tokens:
+            return None
+        return self.energy_j / self.tokens * 1000
+
+    @property
+    def cost_power(self) -> str:
+        """the power behind cost_usd: "measured" (every host), "nominal" (the class table's
+        figures for every host) or "measured on k of n hosts" (nominal for the rest)"""
+        if self.measured_hosts == 0:
+            return "nominal"
+        if self.measured_hosts == self.hosts:
+            return "measured"
+        return f"measured on {self.measured_hosts} of {self.hosts} hosts"
+
     # -- outputs ----------------------------------------------------------------------------
     def as_row(self) -> dict[str, Any]:
         """Flat figures for the conditions table (one column each)."""
@@ -319,6 +340,9 @@ class ConditionStats:
             "accepted": self.accepted,
             "scored": self.scored,
             "cost_usd": self.cost_usd,
+            "hosts": self.hosts,
+            "measured_hosts": self.measured_hosts,
+            "energy_j": self.energy_j,
         }
         for name in DERIVED:
             row[name] = getattr(self, name)
@@ -396,6 +420,7 @@ class ConditionStats:
         s.slo_met = int(ok.sum())
         s.slo_met_tokens = int(requests["tokens"].to_numpy()[ok].sum())
         s.cost_usd = host_cost(hosts, costs or CostTable())
+        s.hosts, s.measured_hosts, s.energy_j = measured_energy(hosts)
         return s
 
 
@@ -416,6 +441,16 @@ def host_cost(hosts: pd.DataFrame | None, costs: CostTable) -> float | None:
             return None
         total += (h.t_end - h.t_start) / 3600 * hourly
     return total
+
+
+def measured_energy(hosts: pd.DataFrame | None) -> tuple[int, int, float | None]:
+    """(hosts, hosts with measured energy, their energy summed in J; None when none has)."""
+    if hosts is None or hosts.empty:
+        return 0, 0, None
+    if "energy_j" not in hosts:
+        return len(hosts), 0, None
+    energy = hosts["energy_j"].dropna().astype(float)
+    return len(hosts), len(energy), float(energy.sum()) if len(energy) else None
 
 
 DERIVED = tuple(name for name, value in vars(ConditionStats).items() if isinstance(value, property))

@@ -4,7 +4,11 @@ Backends see a lab only as a `LinkSite` (testbed.lab.interface): the forwarding 
 links are impaired and, per host, its address and the interface facing it there; any lab kind
 (namespaces, mininet, inventory with a middlebox) provides one.
 
-The whole impairment of a lab (backend, per-device profiles, holder) is kept in
+A lab with a backup path (testbed.lab.backup) has a second link per device: `apply_each(lab,
+primary, backup=...)` impairs both paths in one go, with one backend state (one rule set and one
+holder per bridge namespace), so neither path's impairment wipes the other's.
+
+The whole impairment of a lab (backend, per-device profiles of both paths, holder) is kept in
 `<lab state dir>/run/impairment.json`, so another process (`testbed lab clear`) can undo it.
 Every apply is verified on the system; a link whose impairment is not in place raises
 ImpairmentError instead of running unimpaired.
@@ -21,6 +25,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from testbed.errors import ImpairmentError
+from testbed.lab.backup import load_plan
 from testbed.lab.interface import LinkSite
 from testbed.lab.spec import LabHost
 from testbed.lab.system import SystemRunner
@@ -34,13 +39,15 @@ STATE_FILE = "impairment.json"
 
 
 class Impairment(BaseModel):
-    """What is applied to a lab now: which backend ran, why, and each device's profile."""
+    """What is applied to a lab now: which backend ran, why, and each device's profile on its
+    primary link (`profiles`) and on its backup link (`backup`)."""
 
     lab: str
     backend: BackendName
     reason: str
     holder: str | None = None  # "c" (the compiled packet holder) for the nfqueue backend
     profiles: dict[str, LinkProfile] = {}
+    backup: dict[str, LinkProfile] = {}
     backend_state: dict[str, Any] = {}
     applied_at: float = 0.0
     loss_semantics: str = LOSS_SEMANTICS
@@ -49,12 +56,21 @@ class Impairment(BaseModel):
 class Backend(Protocol):
     name: str
 
-    def apply(self, lab: LinkSite, profiles: dict[str, LinkProfile]) -> dict[str, Any]: ...
+    def apply(
+        self,
+        lab: LinkSite,
+        profiles: dict[str, LinkProfile],
+        backup: dict[str, LinkProfile] | None = None,
+    ) -> dict[str, Any]: ...
 
     def clear(self, lab: LinkSite, state: dict[str, Any]) -> None: ...
 
     def verify(
-        self, lab: LinkSite, profiles: dict[str, LinkProfile], state: dict[str, Any]
+        self,
+        lab: LinkSite,
+        profiles: dict[str, LinkProfile],
+        state: dict[str, Any],
+        backup: dict[str, LinkProfile] | None = None,
     ) -> None: ...
 
     def verify_clear(self, lab: LinkSite) -> None: ...
@@ -103,8 +119,9 @@ def apply(
 ) -> Impairment:
     """Impair the links of `devices` (default: all) with `profile`; returns what is applied.
 
-    Devices not named keep their current profile. `backend` is auto | netem | nfqueue (auto
-    keeps the backend already in use, else netem where the kernel has it, else nfqueue).
+    Devices not named keep their current profile, and every backup link keeps its own.
+    `backend` is auto | netem | nfqueue (auto keeps the backend already in use, else netem where
+    the kernel has it, else nfqueue).
     """
     profiles = dict.fromkeys(_names(lab, devices), profile)
     return apply_each(lab, profiles, backend, runner)
@@ -115,19 +132,30 @@ def apply_each(
     profiles: dict[str, LinkProfile],
     backend: str = "auto",
     runner: SystemRunner | None = None,
+    *,
+    backup: dict[str, LinkProfile] | None = None,
 ) -> Impairment:
-    """Impair each named device's link with its own profile (e.g. a topology's primary links);
-    devices not named keep their current profile. See `apply` for `backend`."""
+    """Impair each named device's primary link with its own profile (e.g. a topology's
+    primary links) and each device in `backup` its backup link (a lab with a backup path);
+    links not named keep their current profile. See `apply` for `backend`."""
     runner = runner or lab.runner
     _names(lab, profiles)
+    if backup:
+        _names(lab, backup)
+        if load_plan(lab) is None:
+            raise ImpairmentError(
+                f"lab {lab.name} has no backup path, so its backup links cannot be impaired"
+            )
     was = current(lab)
     merged = dict(was.profiles) if was else {}
     merged.update(profiles)
+    merged_backup = dict(was.backup) if was else {}
+    merged_backup.update(backup or {})
     if was is not None and backend == "auto":
         name, reason = was.backend, was.reason
     else:
         name, reason = choose_backend(backend, runner)
-    return _set_profiles(lab, was, merged, name, reason, runner)
+    return _set_profiles(lab, was, (merged, merged_backup), name, reason, runner)
 
 
 def clear(
@@ -135,7 +163,8 @@ def clear(
     devices: Iterable[str | LabHost] | None = None,
     runner: SystemRunner | None = None,
 ) -> Impairment | None:
-    """Remove the impairment of `devices` (default: all, checked gone); returns what remains."""
+    """Remove the impairment of `devices` (default: all; both paths, checked gone); returns
+    what remains."""
     runner = runner or lab.runner
     was = current(lab)
     if was is None:
@@ -143,8 +172,10 @@ def clear(
     if devices is not None:
         drop = set(_names(lab, devices))
         keep = {k: v for k, v in was.profiles.items() if k not in drop}
-        if keep:
-            return _set_profiles(lab, was, keep, was.backend, was.reason, runner)
+        keep_backup = {k: v for k, v in was.backup.items() if k not in drop}
+        if keep or keep_backup:
+            links = (keep, keep_backup)
+            return _set_profiles(lab, was, links, was.backend, was.reason, runner)
     impl = make_backend(was.backend, runner)
     impl.clear(lab, was.backend_state)
     impl.verify_clear(lab)
@@ -154,33 +185,35 @@ def clear(
 
 
 def verify(lab: LinkSite, runner: SystemRunner | None = None) -> Impairment | None:
-    """Check that the current impairment is still in place (e.g. between conditions).
+    """Check that the current impairment (both paths) is still in place (e.g. between
+    conditions).
 
     Raises ImpairmentError if a rule, queue or holder has gone; returns what is applied.
     """
     runner = runner or lab.runner
     imp = current(lab)
     if imp is not None:
-        make_backend(imp.backend, runner).verify(lab, imp.profiles, imp.backend_state)
+        make_backend(imp.backend, runner).verify(lab, imp.profiles, imp.backend_state, imp.backup)
     return imp
 
 
 def _set_profiles(
     lab: LinkSite,
     was: Impairment | None,
-    profiles: dict[str, LinkProfile],
+    links: tuple[dict[str, LinkProfile], dict[str, LinkProfile]],
     name: BackendName,
     reason: str,
     runner: SystemRunner,
 ) -> Impairment:
-    """Replace the lab's whole impairment by `profiles` with backend `name`, then verify it."""
-    profiles = {k: v for k, v in profiles.items() if not v.is_null}
+    """Replace the lab's whole impairment by `links` (primary and backup profiles) with
+    backend `name`, then verify it."""
+    profiles, backup = ({k: v for k, v in d.items() if not v.is_null} for d in links)
     if was is not None and was.backend != name:
         make_backend(was.backend, runner).clear(lab, was.backend_state)
     impl = make_backend(name, runner)
     try:
-        state = impl.apply(lab, profiles)
-        impl.verify(lab, profiles, state)
+        state = impl.apply(lab, profiles, backup)
+        impl.verify(lab, profiles, state, backup)
     except BaseException:
         _clear_quietly(impl, lab)
         if not runner.dry_run:
@@ -192,6 +225,7 @@ def _set_profiles(
         reason=reason,
         holder=state.get("holder"),
         profiles=profiles,
+        backup=backup,
         backend_state=state,
         applied_at=time.time(),
     )

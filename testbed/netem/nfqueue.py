@@ -1,7 +1,8 @@
 """Userspace impairment for kernels without sch_netem: NFQUEUE holder in the bridge namespace.
 
 With br_netfilter on in the bridge namespace, bridged IPv4 packets cross iptables. For each
-impaired device, in the mangle table:
+impaired device link (primary, and backup where the lab has a backup path: its own ports and
+queues in the same rule set), in the mangle table:
 - chain TB-UP (jumped to from PREROUTING): packets entering from the device's port towards the
   server are queued to the holder (one queue per direction of each link);
 - chain TB-DOWN (from POSTROUTING): packets from the server leaving by the device's port, alike.
@@ -29,16 +30,18 @@ from testbed.errors import ImpairmentError, PrivilegeError
 from testbed.lab import naming
 from testbed.lab.discover import kill_pids, pid_alive, tagged_processes
 from testbed.lab.interface import LinkSite
-from testbed.lab.spec import LabHost
+from testbed.lab.spec import MAX_DEVICES, LabHost
 from testbed.lab.system import SystemRunner
 from testbed.netem import shaper
 from testbed.netem.holder_build import Holder, find_holder
+from testbed.netem.paths import PathLinks, htb_plan, impaired_paths
 from testbed.netem.profile import LinkProfile
 from testbed.netem.schedule import timeline
-from testbed.netem.shaper import indexed_devices
+from testbed.topo.model import PathKind
 
 CHAIN_UP, CHAIN_DOWN = "TB-UP", "TB-DOWN"
 QUEUE_BASE = 100
+BACKUP_QUEUE_BASE = QUEUE_BASE + 2 * (MAX_DEVICES + 1)  # above every primary queue
 HOLDER_READY_TIMEOUT_S = 10.0
 SPEC_FILE, CHANGES_FILE = "holder.spec", "link-changes.jsonl"
 HOLDER_RT_PRIO = 20  # SCHED_FIFO: releases on time even when agents load every CPU
@@ -50,9 +53,16 @@ def holder_tag(lab: str) -> str:
     return f"{naming.netns_prefix(lab)}holder"
 
 
-def queue_numbers(index: int) -> tuple[int, int]:
-    """(up, down) NFQUEUE numbers of device `index` (1-based); queues are per namespace."""
-    return QUEUE_BASE + 2 * index, QUEUE_BASE + 2 * index + 1
+def queue_numbers(index: int, path: PathKind = "primary") -> tuple[int, int]:
+    """(up, down) NFQUEUE numbers of device `index` (1-based) on `path`; queues are per
+    namespace."""
+    base = QUEUE_BASE if path == "primary" else BACKUP_QUEUE_BASE
+    return base + 2 * index, base + 2 * index + 1
+
+
+def link_label(device: str, path: PathKind = "primary") -> str:
+    """How the holder names a link (in `link-changes.jsonl`): `dev1`, `dev1/backup`."""
+    return device if path == "primary" else f"{device}/{path}"
 
 
 def delay_us(profile: LinkProfile) -> int:
@@ -60,18 +70,32 @@ def delay_us(profile: LinkProfile) -> int:
 
 
 def holder_spec(
-    generation: int, devices: list[tuple[int, LabHost]], profiles: dict[str, LinkProfile]
+    generation: int,
+    devices: list[tuple[int, LabHost]],
+    profiles: dict[str, LinkProfile],
+    backup: dict[str, LinkProfile] | None = None,
 ) -> str:
-    """The holder's spec file (format in holder.c): each queue and the phases it steps through."""
+    """The holder's spec file (format in holder.c): each queue and the phases it steps through;
+    `profiles` are the devices' primary links, `backup` their backup links."""
     lines = [f"generation {generation}"]
+    for path, path_profiles in (("primary", profiles), ("backup", backup or {})):
+        lines += _queue_lines(devices, path_profiles, path)  # type: ignore[arg-type]
+    return "\n".join(lines) + "\n"
+
+
+def _queue_lines(
+    devices: list[tuple[int, LabHost]], profiles: dict[str, LinkProfile], path: PathKind
+) -> list[str]:
+    lines = []
     for index, dev in devices:
         prof = profiles.get(dev.name)
         if prof is None:
             continue
         phases = timeline(prof)
         seed = 0 if prof.seed is None else prof.seed + 1
-        for direction, queue in zip(("up", "down"), queue_numbers(index), strict=True):
-            lines.append(f"queue {queue} {prof.queue_limit} {seed} {dev.name} {direction}")
+        label = link_label(dev.name, path)
+        for direction, queue in zip(("up", "down"), queue_numbers(index, path), strict=True):
+            lines.append(f"queue {queue} {prof.queue_limit} {seed} {label} {direction}")
             for ph in phases:
                 ge = ph.profile.gilbert_elliott(direction)  # type: ignore[arg-type]
                 lines.append(
@@ -79,7 +103,7 @@ def holder_spec(
                     f"{round(ph.profile.jitter_ms * 1000)} {ph.profile.jitter_dist} "
                     f"{ge.p:.12g} {ge.r:.12g} {ge.one_minus_h:.12g} {ge.one_minus_k:.12g}"
                 )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def link_changes(lab: LinkSite) -> list[dict[str, object]]:
@@ -107,6 +131,7 @@ class Rule:
     src: str
     dst: str
     queue: int  # NFQUEUE rule to this queue
+    path: PathKind = "primary"
 
     def args(self) -> list[str]:
         physdev = "--physdev-in" if self.chain == CHAIN_UP else "--physdev-out"
@@ -116,17 +141,21 @@ class Rule:
 
 
 def plan_rules(
-    server: LabHost, devices: list[tuple[int, LabHost]], profiles: dict[str, LinkProfile]
+    server: LabHost,
+    devices: list[tuple[int, LabHost]],
+    profiles: dict[str, LinkProfile],
+    path: PathKind = "primary",
 ) -> list[Rule]:
-    """One queue rule per direction of every device the holder must impair."""
+    """One queue rule per direction of every device link on `path` the holder must impair
+    (`server` and `devices`: their ends on that path)."""
     rules = []
     for index, dev in devices:
         prof = profiles.get(dev.name)
         if prof is None or not needs_holder(prof):
             continue
-        q_up, q_down = queue_numbers(index)
-        rules.append(Rule(CHAIN_UP, dev.name, dev.port, dev.ip, server.ip, q_up))
-        rules.append(Rule(CHAIN_DOWN, dev.name, dev.port, server.ip, dev.ip, q_down))
+        q_up, q_down = queue_numbers(index, path)
+        rules.append(Rule(CHAIN_UP, dev.name, dev.port, dev.ip, server.ip, q_up, path))
+        rules.append(Rule(CHAIN_DOWN, dev.name, dev.port, server.ip, dev.ip, q_down, path))
     return rules
 
 
@@ -154,27 +183,36 @@ class NfqueueBackend:
 
     # --- apply / clear ---------------------------------------------------------------------
 
-    def apply(self, lab: LinkSite, profiles: dict[str, LinkProfile]) -> dict[str, object]:
-        """Replace the whole impairment of `lab` by `profiles`; returns backend state to keep."""
+    def apply(
+        self,
+        lab: LinkSite,
+        profiles: dict[str, LinkProfile],
+        backup: dict[str, LinkProfile] | None = None,
+    ) -> dict[str, object]:
+        """Replace the whole impairment of `lab` by `profiles` (primary links) and `backup`
+        (backup links): one rule set, one holder spec; returns backend state to keep."""
         r, sw = self.runner, lab.bridge_netns
-        devices = indexed_devices(lab, profiles)
+        paths = impaired_paths(lab, profiles, backup)
         self._enable_br_netfilter(sw)
         self._ensure_chains(sw)
-        rules = plan_rules(lab.server, devices, profiles)
-        queued = {rule.device for rule in rules}
+        rules = _all_rules(paths)
+        queued = {(rule.path, rule.device) for rule in rules}
         state: dict[str, object] = {"holder_pid": None, "holder": None, "shaped_ports": []}
         if queued:
+            held = {p.path: {k: v for k, v in p.profiles.items() if (p.path, k) in queued}
+                    for p in paths}  # fmt: skip
             spec = holder_spec(
                 _generation(lab.runtime_dir / SPEC_FILE) + 1,
-                devices,
-                {k: v for k, v in profiles.items() if k in queued},
+                paths[0].devices,
+                held["primary"],
+                held.get("backup"),
             )
             state["holder"] = "c"
             state["holder_pid"] = self._reload_holder(lab, spec) or self._start_holder(lab, spec)
         else:
             self._flush(sw)
             self._stop_holder(lab)
-        cmds, ports = shaper.htb_commands(lab.server, devices, profiles)
+        cmds, ports = htb_plan(paths)
         state["shaped_ports"] = ports
         shaper.reset(r, sw)
         for argv in cmds:
@@ -197,13 +235,19 @@ class NfqueueBackend:
     # --- verification ----------------------------------------------------------------------
 
     def verify(
-        self, lab: LinkSite, profiles: dict[str, LinkProfile], state: dict[str, object]
+        self,
+        lab: LinkSite,
+        profiles: dict[str, LinkProfile],
+        state: dict[str, object],
+        backup: dict[str, LinkProfile] | None = None,
     ) -> None:
-        """Raise ImpairmentError unless the rules, queues and holder are all in place."""
+        """Raise ImpairmentError unless the rules, queues and holder of both paths are all in
+        place."""
         if self.runner.dry_run:
             return
         sw, problems = lab.bridge_netns, []
-        rules = plan_rules(lab.server, indexed_devices(lab, profiles), profiles)
+        paths = impaired_paths(lab, profiles, backup)
+        rules = _all_rules(paths)
         saved = self._saved_rules(sw)
         for rule in rules:
             if not any(_matches(rule, line) for line in saved):
@@ -222,9 +266,11 @@ class NfqueueBackend:
             missing = sorted(queues - bound)
             if missing:
                 problems.append(f"no holder bound to queue(s) {missing}")
-        devices = indexed_devices(lab, profiles)
-        for flow in shaper.missing_classes(self.runner, sw, lab.server, devices, profiles):
-            problems.append(f"rate limit missing: {flow}")
+        for p in paths:
+            for flow in shaper.missing_classes(
+                self.runner, sw, p.site.server, p.devices, p.profiles
+            ):
+                problems.append(f"rate limit missing ({p.path}): {flow}")
         if rules and self._sysctl(sw, "net.bridge.bridge-nf-call-iptables") != "1":
             problems.append("bridged packets do not cross iptables (bridge-nf-call-iptables != 1)")
         if problems:
@@ -381,6 +427,13 @@ class NfqueueBackend:
             if pid in _children:
                 _children.pop(pid).wait(timeout=5)
         pid_file.unlink(missing_ok=True)
+
+
+def _all_rules(paths: list[PathLinks]) -> list[Rule]:
+    """The queue rules of every path's links, in one list (one rule set per bridge namespace)."""
+    return [
+        rule for p in paths for rule in plan_rules(p.site.server, p.devices, p.profiles, p.path)
+    ]
 
 
 def _matches(rule: Rule, line: str) -> bool:

@@ -179,8 +179,12 @@ def probe_packets(
     interval_ms: float = 10.0,
     size: int = 64,
     runner: SystemRunner | None = None,
+    via: str | None = None,
 ) -> RawProbe:
-    """Send `count` numbered datagrams device -> server -> device; what arrived, in order."""
+    """Send `count` numbered datagrams device -> server -> device; what arrived, in order.
+
+    `via`: send over this interface of the device, from its address `dev.ip` (e.g. the backup
+    interface, whatever the device's routes say); default: as the routes say."""
     runner = runner or lab.runner
     dev = device if isinstance(device, LabHost) else lab.host(device)
     if dev.role != "device":
@@ -200,6 +204,8 @@ def probe_packets(
         "--count", count, "--interval-ms", interval_ms, "--size", size,
         "--linger-s", f"{linger:.3f}", *tag,
     ]  # fmt: skip
+    if via is not None:
+        send_argv += ["--via", via, "--src", dev.ip]
     if echo is None:  # dry-run
         runner.run(send_argv, netns=dev.netns)
         return RawProbe(device=dev.name, sent=count, at_server=[], rtt_ms={}, warmup_s=0.0)
@@ -241,12 +247,16 @@ def probe_links(
     count: int = 200,
     interval_ms: float = 10.0,
     parallel: int = 4,
+    via: str | None = None,
 ) -> dict[str, ProbeResult]:
-    """Probe several device links (default: all), `parallel` at a time."""
+    """Probe several device links (default: all), `parallel` at a time (`via`: see
+    `probe_packets`)."""
     targets = [d if isinstance(d, LabHost) else lab.host(d) for d in (devices or lab.devices)]
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(targets)))) as pool:
         futures = {
-            d.name: pool.submit(probe_link, lab, d, requested, count=count, interval_ms=interval_ms)
+            d.name: pool.submit(
+                probe_link, lab, d, requested, count=count, interval_ms=interval_ms, via=via
+            )
             for d in targets
         }
         return {name: f.result() for name, f in futures.items()}

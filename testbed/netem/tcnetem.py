@@ -1,19 +1,22 @@
 """Kernel impairment with tc netem, for kernels that have sch_netem.
 
-Each device <-> server flow gets an HTB class on a bridge port in the bridge namespace (see
-`shaper`) with a netem leaf: delay rtt/2, jitter with its distribution, loss per direction
-(random or Gilbert-Elliott `gemodel`), queue limit. Only device <-> server traffic is classified
-there, so controller traffic stays unimpaired, as with `nfqueue`. Differences from the holder:
-netem cannot be seeded, it reorders packets when jitter exceeds their spacing, and it has no
-schedules, so a profile with a schedule or trace is refused here (use the nfqueue backend).
+Each device <-> server flow, on the primary and (where the lab has one) the backup path, gets
+an HTB class on a bridge port in the bridge namespace (see `shaper`) with a netem leaf: delay
+rtt/2, jitter with its distribution, loss per direction (random or Gilbert-Elliott `gemodel`),
+queue limit. Only device <-> server traffic is classified there, so controller traffic stays
+unimpaired, as with `nfqueue`. Differences from the holder: netem cannot be seeded, it
+reorders packets when jitter exceeds their spacing, and it has no schedules, so a profile with
+a schedule or trace is refused here (use the nfqueue backend).
 """
 
 from __future__ import annotations
 
 from testbed.errors import ImpairmentError
+from testbed.lab.backup import backup_ports
 from testbed.lab.interface import LinkSite
 from testbed.lab.system import SystemRunner
 from testbed.netem import shaper
+from testbed.netem.paths import htb_plan, impaired_paths
 from testbed.netem.profile import GilbertElliott, LinkProfile
 
 
@@ -47,15 +50,22 @@ class TcNetemBackend:
     def __init__(self, runner: SystemRunner) -> None:
         self.runner = runner
 
-    def apply(self, lab: LinkSite, profiles: dict[str, LinkProfile]) -> dict[str, object]:
-        varying = sorted(name for name, prof in profiles.items() if prof.varies)
+    def apply(
+        self,
+        lab: LinkSite,
+        profiles: dict[str, LinkProfile],
+        backup: dict[str, LinkProfile] | None = None,
+    ) -> dict[str, object]:
+        """Replace the whole impairment of `lab` by `profiles` (primary links) and `backup`
+        (backup links); returns backend state to keep."""
+        paths = impaired_paths(lab, profiles, backup)
+        varying = sorted(name for p in paths for name, prof in p.profiles.items() if prof.varies)
         if varying:
             raise ImpairmentError(
                 f"tc netem cannot run a schedule or trace (links of {', '.join(varying)}); "
                 "use backend nfqueue, whose holder steps through them"
             )
-        devices = shaper.indexed_devices(lab, profiles)
-        cmds, ports = shaper.htb_commands(lab.server, devices, profiles, leaf=netem_args)
+        cmds, ports = htb_plan(paths, netem_args)
         shaper.reset(self.runner, lab.bridge_netns)
         for argv in cmds:
             self.runner.run(argv, netns=lab.bridge_netns, error=ImpairmentError)
@@ -71,28 +81,33 @@ class TcNetemBackend:
         return sum(1 for line in out.splitlines() if line.startswith("qdisc netem"))
 
     def verify(
-        self, lab: LinkSite, profiles: dict[str, LinkProfile], state: dict[str, object]
+        self,
+        lab: LinkSite,
+        profiles: dict[str, LinkProfile],
+        state: dict[str, object],
+        backup: dict[str, LinkProfile] | None = None,
     ) -> None:
-        """Raise ImpairmentError unless every expected netem qdisc is in place."""
+        """Raise ImpairmentError unless every expected netem qdisc is in place (both paths)."""
         if self.runner.dry_run:
             return
         expected: dict[str, int] = {}
-        for dev in lab.devices:
-            if dev.name in profiles:
-                expected[dev.port] = expected.get(dev.port, 0) + 1
-                expected[lab.server.port] = expected.get(lab.server.port, 0) + 1
+        problems: list[str] = []
+        for p in impaired_paths(lab, profiles, backup):
+            for _, dev in p.devices:
+                if dev.name in p.profiles:
+                    expected[dev.port] = expected.get(dev.port, 0) + 1
+                    expected[p.site.server.port] = expected.get(p.site.server.port, 0) + 1
+            problems += [
+                f"class missing: {flow}"
+                for flow in shaper.missing_classes(
+                    self.runner, lab.bridge_netns, p.site.server, p.devices, p.profiles, netem_args
+                )
+            ]
         problems = [
             f"{port}: {got} netem qdisc(s), expected {want}"
             for port, want in expected.items()
             if (got := self._netem_count(lab, port)) != want
-        ]
-        devices = shaper.indexed_devices(lab, profiles)
-        problems += [
-            f"class missing: {flow}"
-            for flow in shaper.missing_classes(
-                self.runner, lab.bridge_netns, lab.server, devices, profiles, netem_args
-            )
-        ]
+        ] + problems
         if problems:
             raise ImpairmentError(
                 f"netem impairment of lab {lab.name} not in place: " + "; ".join(problems)
@@ -102,6 +117,7 @@ class TcNetemBackend:
         if self.runner.dry_run:
             return
         left = shaper.shaped_ports(self.runner, lab.bridge_netns)
-        left += [p.port for p in lab.hosts if self._netem_count(lab, p.port)]
+        ports = [h.port for h in lab.hosts] + backup_ports(lab)
+        left += [port for port in ports if self._netem_count(lab, port)]
         if left:
             raise ImpairmentError(f"netem/HTB qdiscs left after clear on {sorted(set(left))}")

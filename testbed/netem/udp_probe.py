@@ -4,7 +4,7 @@
         Echo every datagram back. Prints "ready" once bound; on SIGTERM prints a JSON line
         with the measurement sequence numbers it received, in arrival order.
     udp_probe.py send --dst IP --port P [--count N] [--interval-ms I] [--size B] [--tag T]
-        [--rt-prio N]
+        [--rt-prio N] [--via IFACE --src IP]
         Warm the link up (ARP), then send N numbered datagrams every I ms and time the echoes;
         prints one JSON line: {"sent": N, "rtt_ms": {seq: rtt}, "warmup_s": ..., "rx_span_s":
         first to last echo, "rx_bytes": bytes echoed}, the echoes in arrival order.
@@ -41,13 +41,13 @@ IP_RECVERR = 11
 EXTENDED_ERR = struct.Struct("=IBBBBII")  # struct sock_extended_err: ee_data is the OPT_ID
 
 
-def arp_complete(ip: str) -> bool:
-    """True once this namespace has a resolved neighbour entry for `ip`."""
+def arp_complete(ip: str, dev: str | None = None) -> bool:
+    """True once this namespace has a resolved neighbour entry for `ip` (on interface `dev`)."""
     try:
         with open("/proc/net/arp") as f:
             for line in f.readlines()[1:]:
                 parts = line.split()
-                if parts and parts[0] == ip and int(parts[2], 16) & 0x2:
+                if parts and parts[0] == ip and int(parts[2], 16) & 0x2 and dev in (None, parts[5]):
                     return True
     except OSError:
         pass
@@ -112,6 +112,10 @@ def send(args: argparse.Namespace) -> int:
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     with contextlib.suppress(OSError):  # else the user-space send time stands in
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TX_STAMP_FLAGS)
+    if args.via:  # leave by this interface whatever the routes say (the destination is on link)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, args.via.encode())
+    if args.src:
+        sock.bind((args.src, 0))
     sock.setblocking(False)
     pad = b"\0" * max(0, args.size - HEADER.size)
     dst = (args.dst, args.port)
@@ -157,7 +161,7 @@ def send(args: argparse.Namespace) -> int:
     while time.monotonic() - t0 < args.warmup_max_s:
         send_one(b"W", 0)
         time.sleep(0.02)
-        if arp_complete(args.dst) and time.monotonic() - t0 >= args.warmup_min_s:
+        if arp_complete(args.dst, args.via) and time.monotonic() - t0 >= args.warmup_min_s:
             break
     warmup_s = time.monotonic() - t0
     drain()
@@ -211,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--linger-s", type=float, default=1.0)
     s.add_argument("--tag", default="")
     s.add_argument("--rt-prio", type=int, default=0)
+    s.add_argument("--via", default=None, help="send over this interface (SO_BINDTODEVICE)")
+    s.add_argument("--src", default=None, help="send from this address")
     args = ap.parse_args(argv)
     set_realtime(args.rt_prio)
     return echo(args) if args.mode == "echo" else send(args)

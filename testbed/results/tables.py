@@ -204,7 +204,10 @@ def tables_from_records(
     )
     for name in ("verifications", "batches"):
         write_typed(name, records(name), staged)
-    status = [json.loads(p.read_text()) for p in sorted(hosts_dir.glob("*/status.json"))]
+    status = [  # a status without `dev` (the server's) is its host folder's
+        {"dev": p.parent.name, **json.loads(p.read_text())}
+        for p in sorted(hosts_dir.glob("*/status.json"))
+    ]
     hosts = write_typed("hosts", host_rows(status, hosts_info or [], condition), staged)
     link_file = staged / "link.json"
     link = json.loads(link_file.read_text()) if link_file.exists() else {}

@@ -19,9 +19,10 @@ from testbed.config.playbook import Condition
 from testbed.errors import AgentError
 from testbed.hosts.control import HostControl, RemoteProcess
 from testbed.hosts.inventory import Inventory, InventoryHost
-from testbed.lab.backup import failover_log, read_failovers
+from testbed.lab.backup import backup_profiles, failover_log, probe_backup, read_failovers
 from testbed.lab.interface import Lab
 from testbed.metrics.clocks import measure_offset
+from testbed.metrics.cost import load_cost_table
 from testbed.netem.api import apply_each, clear
 from testbed.netem.nfqueue import link_changes
 from testbed.netem.probe import probe_links
@@ -41,8 +42,8 @@ AGENT_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
 }
 SERVER_FILES = ("verifications.jsonl", "batches.jsonl", "refusals.jsonl", "confidence.jsonl",
-                "generations.jsonl", "ar_steps.jsonl")  # fmt: skip
-DEVICE_FILES = ("rounds.jsonl", "requests.jsonl", "status.json")
+                "generations.jsonl", "ar_steps.jsonl", "status.json", "power.jsonl")  # fmt: skip
+DEVICE_FILES = ("rounds.jsonl", "requests.jsonl", "status.json", "power.jsonl")
 
 
 @dataclass
@@ -76,6 +77,10 @@ def server_command(host: InventoryHost, cond: Condition, model: str, records: st
         "--batch-strategy", s.batch_strategy,
         "--window-ms", str(s.window_ms),
         "--idle-s", str(s.idle_s),
+        "--max-seq-policy", s.max_seq_policy,
+        "--kv-policy", s.kv_policy,
+        "--kv-queue-max", str(s.kv_queue_max),
+        "--kv-queue-timeout-s", str(s.kv_queue_timeout_s),
         "--seed", str(cond.playbook.seed),
         "--records", records,
         "--ready-file", f"{records}/ready",
@@ -85,6 +90,8 @@ def server_command(host: InventoryHost, cond: Condition, model: str, records: st
         args += ["--kv-cache-tokens", str(s.kv_cache_tokens)]
     if s.max_seq_length is not None:
         args += ["--max-seq-length", str(s.max_seq_length)]
+    if s.prefill_chunk is not None:
+        args += ["--prefill-chunk", str(s.prefill_chunk)]
     return shlex.join(args)
 
 
@@ -186,10 +193,12 @@ def score_requests(requests: pd.DataFrame, reference: dict[str, str]) -> pd.Data
 def build_tables(
     staged: Path, cond: Condition, reference: dict[str, str], info: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """Typed Parquet tables from the fetched records; returns the condition's figures."""
+    """Typed Parquet tables from the fetched records; returns the condition's figures (cost
+    from the playbook's `costs` file over the default table)."""
+    costs = cond.playbook.costs
     return tables_from_records(
         staged, cond.id, lambda r: score_requests(r, reference), cond.playbook.workload.slo,
-        hosts_info=info,
+        hosts_info=info, costs=load_cost_table(Path(costs)) if costs else None,
     )  # fmt: skip
 
 
@@ -246,8 +255,11 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
     try:
         ctx.say(f"{cond.id}: link rtt {profile.rtt_ms} ms, loss {profile.loss}")
         knobs = pb.impairment
-        imp = apply_each(lab, profiles, backend=knobs.backend)
+        backup = backup_profiles(lab, list(profiles), seed=pb.seed)
+        imp = apply_each(lab, profiles, backend=knobs.backend, backup=backup)
         link.update(backend=imp.backend, backend_reason=imp.reason, holder=imp.holder)
+        if backup:
+            link["backup"] = {"requested": {d: p.model_dump() for d, p in backup.items()}}
         if ctx.dry_run:
             ctx.say(f"  probe {len(devices)} device links, {knobs.probe_packets} UDP packets each")
         else:
@@ -256,6 +268,14 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
             link["probes"] = {d: r.model_dump(mode="json") for d, r in probes.items()}
             atomic_write_json(staged / "link.json", link)
             check_links(probes, profiles, knobs)
+            if backup:  # over each device's backup interface, while traffic stays on primary
+                bprobes = probe_backup(lab, backup, count=knobs.probe_packets)
+                link["backup"]["summary"] = summarize_links(bprobes)
+                link["backup"]["probes"] = {
+                    d: r.model_dump(mode="json") for d, r in bprobes.items()
+                }
+                atomic_write_json(staged / "link.json", link)
+                check_links(bprobes, backup, knobs)
 
         records = f"runs/{cond.id}"
         server_records = f"{server.workdir}/{records}"
