@@ -11,7 +11,9 @@ as context, so the server's copy of the conversation catches up.
 Options (`DeviceConfig`): adaptive draft length (`draft_length`), RTT-following timeouts
 (`retry`), confidence stop, look-ahead while a verdict is in flight (`lookahead`), redundant
 copies of each VERIFY, speculative sampling with sparse draft distributions, and the
-centralized baseline (send the prompt, receive the target's tokens).
+centralized baseline (send the prompt, receive the target's tokens). In the device-only
+mode the device never contacts a server: every round keeps its drafts (mode `local`), so the
+answer is the draft model's own, all of it unverified (the 100 %-loss reference).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class DeviceConfig:
     timeout_policy: Literal["fixed", "adaptive"] = "fixed"
     timeout_min_ms: float = 20.0
     timeout_max_ms: float = 1000.0
-    mode: Literal["sled", "centralized"] = "sled"
+    mode: Literal["sled", "centralized", "device-only"] = "sled"
     temperature: float = 0.0  # 0: greedy; > 0: speculative sampling (top_k-truncated drafts)
     top_k: int = 32
     min_confidence: float = 0.0  # stop drafting after a draft less probable than this
@@ -90,11 +92,23 @@ class DeviceConfig:
         return None
 
 
+def request_record(dev: str, problem: dict[str, Any], t_start: float, t_end: float,
+                   prompt_tokens: int, out: list[int], text: str, verified: int, fallback: int,
+                   rounds: int) -> dict[str, Any]:  # fmt: skip
+    """One answered problem, as the `requests` table has it (testbed RequestRecord)."""
+    return {
+        "dev": dev, "problem": str(problem["id"]), "t_start": t_start,
+        "t_arrival": problem.get("t_arrival"), "t_end": t_end, "prompt_tokens": prompt_tokens,
+        "tokens": len(out), "verified_tokens": verified, "fallback_tokens": fallback,
+        "rounds": rounds, "text": text, "ids": out, "reference": problem.get("reference"),
+    }  # fmt: skip
+
+
 class DeviceAgent:
     """Runs problems one after another through draft -> verify (or fallback) rounds."""
 
     def __init__(
-        self, engine: Engine, link: ServerLink, records: RecordWriter, cfg: DeviceConfig
+        self, engine: Engine, link: ServerLink | None, records: RecordWriter, cfg: DeviceConfig
     ) -> None:
         self.engine = engine
         self.link = link
@@ -228,7 +242,7 @@ class DeviceAgent:
             timeout_ms = self.retry.timeout_ms
             drafts, q, conf, used = self._draft(committed, k)
             draft_ms = (time.time() - t0) * 1000
-            if not self.online:
+            if not self.online and self.link is not None:
                 self.probe()
             verdict, ex = (None, None)
             if self.ahead:
@@ -251,7 +265,7 @@ class DeviceAgent:
                     self.lengths.observe(verdict.accepted, len(drafts))
             else:
                 emitted = drafts
-                mode = "fallback"
+                mode = "fallback" if self.link is not None else "local"
             before = len(out)
             committed.extend(emitted)
             if mode == "verified":
@@ -294,21 +308,9 @@ class DeviceAgent:
                 break
         if self.online:
             self.link.send(wire.End(cfg.dev, sid, self.next_rid(), self.epoch))
-        record = {
-            "dev": cfg.dev,
-            "problem": sid,
-            "t_start": t_start,
-            "t_arrival": problem.get("t_arrival"),
-            "t_end": time.time(),
-            "prompt_tokens": n_prompt,
-            "tokens": len(out),
-            "verified_tokens": verified,
-            "fallback_tokens": fallback,
-            "rounds": rounds,
-            "text": self.engine.detokenize(out),
-            "ids": out,
-            "reference": problem.get("reference"),
-        }
+        text = self.engine.detokenize(out)
+        record = request_record(cfg.dev, problem, t_start, time.time(), n_prompt, out, text,
+                                verified, fallback, rounds)  # fmt: skip
         self.records.write("requests", record)
         return record
 
@@ -361,27 +363,15 @@ class DeviceAgent:
              "server_queue_ms": getattr(reply, "queue_ms", None),
              "server_compute_ms": getattr(reply, "gen_ms", None)},
         )  # fmt: skip
-        record = {
-            "dev": cfg.dev,
-            "problem": sid,
-            "t_start": t_start,
-            "t_arrival": problem.get("t_arrival"),
-            "t_end": t_end,
-            "prompt_tokens": len(prompt),
-            "tokens": len(out),
-            "verified_tokens": len(out),
-            "fallback_tokens": 0,
-            "rounds": 1,
-            "text": self.engine.detokenize(out),
-            "ids": out,
-            "reference": problem.get("reference"),
-        }
+        record = request_record(cfg.dev, problem, t_start, t_end, len(prompt), out,
+                                self.engine.detokenize(out), len(out), 0, 1)  # fmt: skip
         self.records.write("requests", record)
         return record
 
     def run(self, problems: list[dict[str, Any]]) -> int:
         """All problems in order; returns how many were answered."""
-        self.handshake()
+        if self.link is not None:
+            self.handshake()
         done = 0
         t0 = time.time()
         for problem in problems:
@@ -414,7 +404,7 @@ def load_problems(path: Path) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="SLED device agent (draft model).")
-    ap.add_argument("--server", type=parse_address, required=True, help="server HOST:PORT")
+    ap.add_argument("--server", type=parse_address, help="server HOST:PORT (not device-only)")
     ap.add_argument("--dev", required=True, help="this device's name")
     ap.add_argument("--model", help="draft model: .gguf (or HF folder); or draft_model in --config")
     ap.add_argument("--config", type=Path, help="device config file (JSON/YAML, the seed's shape)")
@@ -422,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--problems", type=Path, required=True, help="JSON lines: id, prompt")
     ap.add_argument("--records", type=Path, required=True, help="folder for record files")
-    ap.add_argument("--key-file", type=Path, required=True, help="the lab secret (one line)")
+    ap.add_argument("--key-file", type=Path, help="the lab secret, one line (not device-only)")
     ap.add_argument("--draft-len", type=int, default=4)
     ap.add_argument("--timeout-ms", type=float, default=200.0)
     ap.add_argument("--retries", type=int, default=3)
@@ -457,9 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--mode",
-        choices=["sled", "centralized"],
+        choices=["sled", "centralized", "device-only"],
         default="sled",
-        help="centralized: send only the prompt; the server's target generates every token",
+        help="centralized: send only the prompt; the server's target generates every token; "
+        "device-only: the draft alone, no server (no --server, no --key-file)",
     )
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--probe-ms", type=float, default=200.0)
@@ -472,8 +463,12 @@ def main(argv: list[str] | None = None) -> int:
         args = ap.parse_args(argv)
     if not args.model:
         ap.error("a draft model is needed: --model, or draft_model in --config")
+    if args.mode != "device-only" and not (args.server and args.key_file):
+        ap.error(f"--mode {args.mode} needs --server and --key-file")
 
-    key = key_for_agent(args.key_file, f"device {args.dev}")
+    link = None  # device-only: no server, no network
+    if args.mode != "device-only":
+        link = ServerLink(args.server, key_for_agent(args.key_file, f"device {args.dev}"))
     problems = load_problems(args.problems)
     engine = load_engine(args.model, kind=args.engine, threads=args.threads)
     cfg = DeviceConfig(
@@ -483,7 +478,6 @@ def main(argv: list[str] | None = None) -> int:
         temperature=args.temperature, top_k=args.top_k, seed=args.seed,
         min_confidence=args.min_confidence, copies=args.copies, lookahead=args.lookahead,
     )  # fmt: skip
-    link = ServerLink(args.server, key)
     t0 = time.time()
     power = PowerSampler(args.records, detect_source())
     with RecordWriter(args.records) as records, power:

@@ -35,6 +35,9 @@ RUN_WIDE_KEYS = ("name", "sweep", "topology", "lab", "models.draft", "models.tar
 SWEEPABLE_LAB_KEYS = ("lab.devices",)
 
 
+Mode = Literal["sled", "centralized", "balance", "device-only", "server-ad", "server-sd"]
+
+
 class Strict(BaseModel):
     """Base: unknown keys are errors (a typo must not be silently ignored)."""
 
@@ -202,11 +205,14 @@ class ImpairmentSection(Strict):
 class Playbook(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
-    mode: Literal["sled", "centralized", "balance"] = Field(
+    mode: Mode = Field(
         "sled",
         description="sled: devices draft, the server verifies; centralized: devices send "
         "prompts only and the server's target generates every token (the baseline); "
-        "balance: one hybrid AD/SD server serves arriving users (the `balance` section)",
+        "balance: one hybrid AD/SD server serves arriving users (the `balance` section); "
+        "device-only: each device answers with its draft alone (no server, all unverified); "
+        "server-ad / server-sd: every device's problems on the server alone, with the target "
+        "(AD) or draft + target (SD)",
     )
     seed: int = 1
     topology: str | None = Field(None, description="topologies/*.yaml: hosts, classes, links")

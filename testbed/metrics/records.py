@@ -42,7 +42,7 @@ class RoundRecord:
     round: int
     t_start: float
     t_end: float
-    mode: str  # "verified", "fallback" or "centralized"
+    mode: str  # verified, fallback, local (device-only), centralized, server-ad, server-sd
     tokens: int  # tokens the round added to the answer (after EOS / budget cut)
     drafted: int = 0
     draft_len: int | None = None  # the draft length the device chose (adaptive drafting)

@@ -9,7 +9,9 @@ controller, so the longest span bounds the run's length from below).
 
 Tokens: *verified* tokens came out of a verdict of the target (accepted drafts plus the
 correction or bonus token); *unverified* tokens are draft tokens a device kept while the
-server was unreachable (fallback). Total = verified + unverified. Rates are given for each.
+server was unreachable (fallback) or that never met a server (device-only mode, rounds
+`local`). Tokens of the server-alone modes (server-ad, server-sd) are the target's: verified.
+Total = verified + unverified. Rates are given for each.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from testbed.metrics.cost import CostTable
 from testbed.metrics.slo import Slo
 
 PERCENTILES = (50, 90, 99)
+UNVERIFIED_ROUNDS = ("fallback", "local")  # round modes whose drafts no target checked
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 
 
@@ -208,7 +211,7 @@ class ConditionStats:
 
     @property
     def fallback_round_share(self) -> float | None:
-        """fallback rounds / all rounds"""
+        """unverified (fallback or local) rounds / (verified + unverified rounds)"""
         n = self.verified_rounds + self.fallback_rounds
         return self.fallback_rounds / n if n else None
 
@@ -391,9 +394,9 @@ class ConditionStats:
         s.span_s = float(spans.max())
         if not rounds.empty:
             verified = rounds[rounds["mode"] == "verified"]
-            drafting = rounds[rounds["mode"].isin(["verified", "fallback"])]
+            drafting = rounds[rounds["mode"].isin(["verified", *UNVERIFIED_ROUNDS])]
             s.verified_rounds = len(verified)
-            s.fallback_rounds = int((rounds["mode"] == "fallback").sum())
+            s.fallback_rounds = int(rounds["mode"].isin(UNVERIFIED_ROUNDS).sum())
             s.drafted = int(verified["drafted"].sum())
             s.accepted = int(verified["accepted"].sum())
             counts = drafting["drafted"].value_counts()

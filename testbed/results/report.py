@@ -37,9 +37,10 @@ SUMMARY_COLUMNS = [
     ("completion_error_mean_abs", "sim err", "{:.0%}"),
 ]
 SUMMARY_NOTES = (  # each printed when the table shows the column its text starts with
-    "verified tok/s: tokens that came out of the target's verdicts; unverified tok/s: draft "
-    "tokens kept while the server was unreachable (fallback); total = both. Rates divide by "
-    "the longest device's own span (one clock per device).",
+    "verified tok/s: tokens that came out of the target (its verdicts, or its own generation "
+    "in the centralized and server-* modes); unverified tok/s: draft tokens kept while the "
+    "server was unreachable (fallback) or the draft's alone (mode device-only); total = both. "
+    "Rates divide by the longest device's own span (one clock per device).",
     "accept: accepted / drafted drafts; acc len: (accepted + rounds) / rounds over verified "
     "rounds (the bonus or correction token included).",
     "acc strict / flex: GSM8K-format exact match (lm-eval strict `#### N` / last number); "

@@ -1,7 +1,14 @@
-"""One SLED condition on a lab: link, agents through Fabric, records back, tables, summary."""
+"""One SLED condition on a lab: link, agents through Fabric, records back, tables, summary.
+
+The mode decides which agents start: `sled` and `centralized` a verification server and one
+device agent per device; `device-only` the device agents alone (draft only, no server);
+`server-ad` / `server-sd` one `agents.sled.local` on the server host that answers every
+device's problems (each keeps its device's name), and no device agent.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shlex
 import time
@@ -44,6 +51,7 @@ AGENT_ENV = {
 SERVER_FILES = ("verifications.jsonl", "batches.jsonl", "refusals.jsonl", "confidence.jsonl",
                 "generations.jsonl", "ar_steps.jsonl", "status.json", "power.jsonl")  # fmt: skip
 DEVICE_FILES = ("rounds.jsonl", "requests.jsonl", "status.json", "power.jsonl")
+SERVER_ALONE = {"server-ad": "ad", "server-sd": "sd"}  # playbook mode -> agents.sled.local mode
 
 
 @dataclass
@@ -106,13 +114,11 @@ def device_command(
     s = cond.playbook.sled
     args = [
         host.python, "-m", "agents.sled.device",
-        "--server", f"{server.address}:{SERVER_PORT}",
         "--dev", host.name,
         "--model", model,
         "--threads", str(s.device_threads),
         "--problems", f"{records}/problems.jsonl",
         "--records", records,
-        "--key-file", key_path_on(host),
         "--mode", cond.playbook.mode,
         "--draft-len", str(s.draft_len),
         "--draft-policy", s.draft_policy,
@@ -133,7 +139,41 @@ def device_command(
         "--probe-ms", str(s.probe_ms),
         "--max-new", str(cond.playbook.workload.max_new_tokens),
     ]  # fmt: skip
+    if cond.playbook.mode != "device-only":
+        args += ["--server", f"{server.address}:{SERVER_PORT}", "--key-file", key_path_on(host)]
     return shlex.join(args)
+
+
+def server_alone_command(
+    host: InventoryHost, cond: Condition, target: str, draft: str, records: str
+) -> str:
+    """`agents.sled.local` on the server: every device's problems, AD or SD (server-ad/-sd)."""
+    pb = cond.playbook
+    mode = SERVER_ALONE[pb.mode]
+    args = [
+        host.python, "-m", "agents.sled.local",
+        "--mode", mode,
+        "--target", target,
+        "--device", pb.models.server_device,
+        "--threads", str(pb.sled.server_threads),
+        "--draft-len", str(pb.sled.draft_len),
+        "--max-new", str(pb.workload.max_new_tokens),
+        "--problems", f"{records}/problems.jsonl",
+        "--records", records,
+    ]  # fmt: skip
+    if mode == "sd":
+        args += ["--draft", draft]
+    return shlex.join(args)
+
+
+def interleaved(files: list[Path], dev_names: list[str]) -> str:
+    """The server-alone input: the devices' problem lines taken in turn, each with its `dev`."""
+    per_dev = [
+        [{"dev": d, **json.loads(line)} for line in f.read_text(encoding="utf-8").splitlines()]
+        for f, d in zip(files, dev_names)
+    ]
+    rows = [row for turn in itertools.zip_longest(*per_dev) for row in turn if row is not None]
+    return "".join(json.dumps(r) + "\n" for r in rows)
 
 
 def wait_for_file(hosts: HostControl, host: InventoryHost, path: str, proc: RemoteProcess,
@@ -279,50 +319,75 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
 
         records = f"runs/{cond.id}"
         server_records = f"{server.workdir}/{records}"
-        hosts.run(server, f"rm -rf {shlex.quote(server_records)} && mkdir -p {server_records}")
-        ctx.say(f"{cond.id}: starting the verification server on {server.name}")
-        target = model_on(server, "target_model", ctx.target_model)
-        place_lab_key(hosts, [server, *devices], ensure_lab_key(lab.runtime_dir))
-        t_server = time.time()  # the server's span, on the controller's clock
-        sproc = hosts.start(
-            server, "sled-server", server_command(server, cond, target, server_records),
-            env=AGENT_ENV,
-        )  # fmt: skip
-        procs.append(sproc)
-        if not ctx.dry_run:
-            wait_for_file(hosts, server, f"{server_records}/ready", sproc, 120)
-
+        alone = pb.mode in SERVER_ALONE  # the server host answers everything
+        uses_server = pb.mode != "device-only"
         tokenizer = None if ctx.dry_run else ctx.target_model
         problems = problems_for(pb.workload, [d.name for d in devices], tokenizer)
         arrivals = arrivals_for(pb.workload, [d.name for d in devices])
+        inputs = staged / "inputs"
+        inputs.mkdir(parents=True, exist_ok=True)
         for dev in devices:
-            dev_records = f"{dev.workdir}/{records}"
-            hosts.run(dev, f"rm -rf {shlex.quote(dev_records)} && mkdir -p {dev_records}")
-            local = staged / "inputs" / f"{dev.name}.problems.jsonl"
-            local.parent.mkdir(parents=True, exist_ok=True)
-            write_problem_file(problems[dev.name], local, arrivals[dev.name])
-            hosts.put(dev, local, f"{dev_records}/problems.jsonl")
-        ctx.say(f"{cond.id}: starting {len(devices)} device agents")
-        dprocs = hosts.start_all(
-            "sled-device",
-            lambda h: device_command(
-                h, server, cond, model_on(h, "draft_model", ctx.draft_model),
-                f"{h.workdir}/{records}",
-            ),
-            devices,
-            env=AGENT_ENV,
-        )  # fmt: skip
-        procs.extend(dprocs.values())
+            write_problem_file(problems[dev.name], inputs / f"{dev.name}.problems.jsonl",
+                               arrivals[dev.name])  # fmt: skip
+        if uses_server:
+            hosts.run(server, f"rm -rf {shlex.quote(server_records)} && mkdir -p {server_records}")
+        target = model_on(server, "target_model", ctx.target_model)
+        t_server = time.time()  # the server's span, on the controller's clock
+        sproc: RemoteProcess | None = None
+        if alone:
+            every = inputs / f"{server.name}.problems.jsonl"
+            names = [d.name for d in devices]
+            lines = interleaved([inputs / f"{n}.problems.jsonl" for n in names], names)
+            every.write_text(lines, encoding="utf-8")
+            hosts.put(server, every, f"{server_records}/problems.jsonl")
+            ctx.say(f"{cond.id}: answering every device's problems on {server.name} ({pb.mode})")
+            command = server_alone_command(
+                server, cond, target, model_on(server, "draft_model", ctx.draft_model),
+                server_records,
+            )  # fmt: skip
+            workers = {server.name: hosts.start(server, "sled-local", command, env=AGENT_ENV)}
+        else:
+            if uses_server:
+                ctx.say(f"{cond.id}: starting the verification server on {server.name}")
+                place_lab_key(hosts, [server, *devices], ensure_lab_key(lab.runtime_dir))
+                t_server = time.time()
+                sproc = hosts.start(
+                    server, "sled-server", server_command(server, cond, target, server_records),
+                    env=AGENT_ENV,
+                )  # fmt: skip
+                procs.append(sproc)
+                if not ctx.dry_run:
+                    wait_for_file(hosts, server, f"{server_records}/ready", sproc, 120)
+            for dev in devices:
+                dev_records = f"{dev.workdir}/{records}"
+                hosts.run(dev, f"rm -rf {shlex.quote(dev_records)} && mkdir -p {dev_records}")
+                own = inputs / f"{dev.name}.problems.jsonl"
+                hosts.put(dev, own, f"{dev_records}/problems.jsonl")
+            ctx.say(f"{cond.id}: starting {len(devices)} device agents")
+            workers = hosts.start_all(
+                "sled-device",
+                lambda h: device_command(
+                    h, server, cond, model_on(h, "draft_model", ctx.draft_model),
+                    f"{h.workdir}/{records}",
+                ),
+                devices,
+                env=AGENT_ENV,
+            )  # fmt: skip
+        procs.extend(workers.values())
         if ctx.dry_run:
             return {"link": link, "metrics": {}}
-        wait_for_exit(hosts, list(dprocs.values()), pb.condition_timeout_s)
-        hosts.stop(sproc)
+        wait_for_exit(hosts, list(workers.values()), pb.condition_timeout_s)
+        if sproc is not None:
+            hosts.stop(sproc)
         procs.clear()
-        info = hosts_info(hosts, [server, *devices], server.name, (t_server, time.time()))
-        for dev in devices:
-            fetch(hosts, dev, f"{dev.workdir}/{records}", DEVICE_FILES, dprocs[dev.name],
-                  staged / "hosts" / dev.name)  # fmt: skip
-        fetch(hosts, server, server_records, SERVER_FILES, sproc, staged / "hosts" / server.name)
+        ran = ([server] if uses_server else []) + ([] if alone else devices)
+        info = hosts_info(hosts, ran, server.name, (t_server, time.time()))
+        for h in [server] if alone else devices:
+            fetch(hosts, h, f"{h.workdir}/{records}", DEVICE_FILES, workers[h.name],
+                  staged / "hosts" / h.name)  # fmt: skip
+        if sproc is not None:
+            fetch(hosts, server, server_records, SERVER_FILES, sproc,
+                  staged / "hosts" / server.name)  # fmt: skip
         link.update(link_events(lab, t_begin, time.time()))
         atomic_write_json(staged / "link.json", link)
         answered = [p for ps in problems.values() for p in ps]
