@@ -36,8 +36,10 @@ PLAYBOOK = {
         "users": 14,
         "rate_per_s": 10.0,
         "memory_mib": BUDGET_MIB,
-        "deadline_base_s": 0.1,
-        "deadline_per_token_s": [0.005, 0.03],
+        # deadlines loose enough that admission takes users even when the cost model is
+        # profiled on a loaded machine (CI): memory, not time, must be what binds here
+        "deadline_base_s": 2.0,
+        "deadline_per_token_s": [0.05, 0.1],
     },
     "condition_timeout_s": 90,
     "sweep": {"balance.policy": ["ad-only", "sd-only", "hybrid"]},
