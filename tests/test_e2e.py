@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from conftest import require_root_netns
 
 from testbed.lab import EmulatedLab, LabSpec, SystemRunner
@@ -28,6 +29,7 @@ from testbed.runner.run import execute
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = [sys.executable, "-m", "testbed.cli"]
 LAB, SUBNET = "erun", "10.78.5.0/24"
+GSM8K_TEST = REPO.parent / "shared" / "datasets" / "gsm8k" / "test.jsonl"  # the project's ../shared
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -319,3 +321,40 @@ def test_a_cut_primary_path_moves_a_run_to_the_backup_and_devices_keep_verifying
     cut = changes[changes["note"].str.endswith("phase 1")]
     assert len(cut) == 2 and (cut["loss"] == 1.0).all() and (cut["rtt_ms"] == 20.0).all()
     assert leftovers(LAB) == []
+
+
+@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason=f"no GSM8K test split at {GSM8K_TEST}")
+def test_gsm8k_runs_on_the_real_test_split_with_models_given_by_path(
+    root_netns, tmp_path, tiny_pair, monkeypatch
+):
+    """experiments/gsm8k.yaml's set-up with the models named by path (the tiny pair's files):
+    real GSM8K test problems, lm-eval's prompt, scored strict and flexible against the
+    data set's answers, with the target's own answers beside them."""
+    monkeypatch.setenv("TESTBED_LAB_NAME", "egsm")
+    monkeypatch.setenv("TESTBED_LAB_SUBNET", "10.78.8.0/24")
+    shipped = yaml.safe_load((REPO / "experiments" / "gsm8k.yaml").read_text())
+    shipped.update(name="gsm8k-by-path", sweep={}, impairment={"probe_packets": 50})
+    shipped["models"] = {"draft": str(tiny_pair.draft_gguf), "target": str(tiny_pair.target_hf)}
+    shipped["lab"] = {"kind": "namespaces", "devices": 1}
+    shipped["workload"].update(gsm8k_path=str(GSM8K_TEST), problems_per_device=2,
+                               max_new_tokens=24)  # fmt: skip
+    playbook = tmp_path / "gsm8k.yaml"
+    playbook.write_text(yaml.safe_dump(shipped))
+    outcome = execute(playbook, out=tmp_path / "results", say=lambda _m: None)
+    assert (outcome.done, outcome.failed) == (1, 0)
+    (entry,) = RunStore(outcome.store.root).journal()
+    requests = pd.read_parquet(
+        outcome.store.root / "conditions" / entry["condition"] / "requests.parquet"
+    )
+    questions = {json.loads(line)["question"] for line in GSM8K_TEST.read_text().splitlines()}
+    assert len(requests) == 2
+    for _, r in requests.iterrows():
+        assert r["reference"] and r["strict_correct"] is not None
+        assert r["matches_target"]  # 0 % loss: the target's own greedy answer
+    manifest = json.loads((outcome.store.root / "manifest.json").read_text())
+    assert manifest["models"]["target"] == str(tiny_pair.target_hf)
+    problems = (outcome.store.root / "conditions" / entry["condition"] / "inputs").glob("*.jsonl")
+    prompts = [json.loads(x)["prompt"] for f in problems for x in f.read_text().splitlines()]
+    assert len(prompts) == 2 and all(p.startswith("Question: ") for p in prompts)
+    assert all(any(q in p for q in questions) for p in prompts)
+    assert leftovers("egsm") == []

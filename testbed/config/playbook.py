@@ -438,17 +438,30 @@ def with_lab(pb: Playbook, source: str, kind: str | None, inventory: str | None)
     return validate(Playbook, data, f"{source} (--lab)")
 
 
+# Settings naming a file: a relative path in a playbook is relative to the playbook's folder.
+FILE_KEYS = ("costs", "lab.inventory", "workload.gsm8k_path", "workload.fewshot_path",
+             "balance.profile")  # fmt: skip
+
+
+def resolve_file_keys(data: dict[str, Any], folder: Path) -> None:
+    """Make every FILE_KEYS path in the raw playbook `data` absolute (relative to `folder`)."""
+    for dotted in FILE_KEYS:
+        *parents, leaf = dotted.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(leaf), str):
+            node[leaf] = str((folder / node[leaf]).resolve())
+
+
 def load_playbook(path: str | Path) -> Playbook:
     """Read and validate a playbook file (with its topology's defaults, if it names one)."""
     path = Path(path)
     data = read_yaml(path)
     if isinstance(data, dict) and data.get("topology") is not None:
         apply_topology(data, path)
-    if isinstance(data, dict) and isinstance(data.get("costs"), str):
-        data["costs"] = str((path.parent / data["costs"]).resolve())
-    lab = data.get("lab") if isinstance(data, dict) else None
-    if isinstance(lab, dict) and isinstance(lab.get("inventory"), str):
-        lab["inventory"] = str((path.parent / lab["inventory"]).resolve())
+    if isinstance(data, dict):
+        resolve_file_keys(data, path.parent)
     pb = validate(Playbook, data, str(path))
     if pb.workload.kind == "gsm8k" and not pb.workload.gsm8k_path:
         raise BadInputError(f"{path}: workload.gsm8k_path: required when workload.kind is gsm8k")
