@@ -20,6 +20,7 @@ import pytest
 import yaml
 from conftest import require_root_netns
 
+from agents.workloads.gsm8k import default_path as gsm8k_default
 from testbed.lab import EmulatedLab, LabSpec, SystemRunner
 from testbed.lab.clean import leftovers
 from testbed.lab.physical import describe_namespace_lab
@@ -29,7 +30,11 @@ from testbed.runner.run import execute
 REPO = Path(__file__).resolve().parent.parent
 TESTBED = [sys.executable, "-m", "testbed.cli"]
 LAB, SUBNET = "erun", "10.78.5.0/24"
-GSM8K_TEST = REPO.parent / "shared" / "datasets" / "gsm8k" / "test.jsonl"  # the project's ../shared
+# the project's ../shared copy of GSM8K, else the agents' default (TESTBED_GSM8K or /work/shared)
+GSM8K_TEST = next(
+    (p for p in (REPO.parent / "shared/datasets/gsm8k/test.jsonl", gsm8k_default()) if p.is_file()),
+    REPO.parent / "shared/datasets/gsm8k/test.jsonl",
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
