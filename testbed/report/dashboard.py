@@ -67,7 +67,7 @@ def headline_table(rows: pd.DataFrame) -> str:
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells
     )
-    notes = "".join(f"<li>{html.escape(n)}</li>" for n in SUMMARY_NOTES)
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in SUMMARY_NOTES.values())
     return f"<table id='conditions'><tr>{head}</tr>{body}</table><ul class='note'>{notes}</ul>"
 
 

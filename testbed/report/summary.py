@@ -53,7 +53,7 @@ def summary_markdown(run: RunData, figures: list[Chart | Skipped]) -> str:
         lines.append(f"\n- `{row['condition']}` failed: {str(row['reason']).splitlines()[0]}")
     lines += [
         "",
-        *(f"- {note}" for note in SUMMARY_NOTES),
+        *(f"- {note}" for note in SUMMARY_NOTES.values()),
         "- Loss is per direction: a round trip survives with (1-p)^2.",
         "",
         "## Figures",

@@ -36,20 +36,21 @@ SUMMARY_COLUMNS = [
     ("peak_held_mib", "peak MiB", "{:.2f}"),
     ("completion_error_mean_abs", "sim err", "{:.0%}"),
 ]
-SUMMARY_NOTES = (  # each printed when the table shows the column its text starts with
-    "verified tok/s: tokens that came out of the target (its verdicts, or its own generation "
-    "in the centralized and server-* modes); unverified tok/s: draft tokens kept while the "
-    "server was unreachable (fallback) or the draft's alone (mode device-only); total = both. "
-    "Rates divide by the longest device's own span (one clock per device).",
-    "accept: accepted / drafted drafts; acc len: (accepted + rounds) / rounds over verified "
-    "rounds (the bonus or correction token included).",
-    "acc strict / flex: GSM8K-format exact match (lm-eval strict `#### N` / last number); "
-    "target acc: the target's own greedy answers to the same problems, strict; =target: share "
-    "of ALL answers equal to the target's own greedy answer.",
-    "BALANCE (mode balance): in time: users finished within their deadline; tasks/s: those per "
-    "second of the run, measured and simulated; peak MiB: most memory the server's caches and "
-    "models held; sim err: mean |predicted / measured - 1| of the users' completion times.",
-)
+SUMMARY_NOTES = {  # column header -> its note, printed when the table shows that column
+    "verified tok/s": "verified tok/s: tokens that came out of the target (its verdicts, or its "
+    "own generation in the centralized and server-* modes); unverified tok/s: draft tokens kept "
+    "while the server was unreachable (fallback) or the draft's alone (mode device-only); "
+    "total = both. Rates divide by the longest device's own span (one clock per device).",
+    "accept": "accept: accepted / drafted drafts; acc len: (accepted + rounds) / rounds over "
+    "verified rounds (the bonus or correction token included).",
+    "acc strict": "acc strict / flex: GSM8K-format exact match (lm-eval strict `#### N` / last "
+    "number); target acc: the target's own greedy answers to the same problems, strict; "
+    "=target: share of ALL answers equal to the target's own greedy answer.",
+    "in time": "BALANCE (mode balance): in time: users finished within their deadline; "
+    "tasks/s: those per second of the run, measured and simulated; peak MiB: most memory the "
+    "server's caches and models held; sim err: mean |predicted / measured - 1| of the users' "
+    "completion times.",
+}
 
 
 def flatten(entry: dict[str, Any]) -> dict[str, Any]:
@@ -123,10 +124,8 @@ def print_summary(df: pd.DataFrame, title: str) -> None:
     for cells in rows:
         table.add_row(*cells)
     console.print(table)
-    for note in SUMMARY_NOTES:
-        if any(
-            note.startswith(h) or note.startswith(f"BALANCE (mode balance): {h}") for h in headers
-        ):
+    for header, note in SUMMARY_NOTES.items():
+        if header in headers:
             console.print(f"[dim]{note}[/dim]")
     if "reason" in df.columns:
         for _, r in df[df["status"] != "done"].iterrows():

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from agents.records import read_records
 from agents.workloads.scoring import score as score_answer
@@ -17,6 +18,7 @@ from testbed.metrics.cost import CostTable
 from testbed.metrics.records import DEFAULTS, SCHEMAS
 from testbed.metrics.slo import Slo
 from testbed.metrics.stats import ConditionStats
+from testbed.netem.profile import GilbertElliott
 from testbed.results.atomic import atomic_replace
 
 
@@ -121,10 +123,9 @@ def link_rows(link: dict[str, Any], condition: str) -> pd.DataFrame:
 def _chain_loss(change: dict[str, Any]) -> float | None:
     """Mean loss of a holder change's Gilbert-Elliott chain (random loss: the one-state chain)."""
     try:
-        p, r = float(change["p"]), float(change["r"])
-        bad = p / (p + r) if p + r > 0 else 0.0
-        return bad * float(change["1-h"]) + (1 - bad) * float(change["1-k"])
-    except (KeyError, TypeError, ValueError):
+        chain = {k: change[k] for k in ("p", "r", "1-h", "1-k")}
+        return GilbertElliott.model_validate(chain).mean_loss
+    except (KeyError, ValidationError):
         return None
 
 

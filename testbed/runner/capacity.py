@@ -38,10 +38,11 @@ def run_capacity(
         data = pb.model_dump(mode="json")
         data["mode"] = mode
         pb = validate(Playbook, data, f"{playbook} (--mode)")
-    if len(expand(pb, str(playbook))) != 1:
+    conditions = len(expand(pb, str(playbook)))
+    if conditions != 1:
         raise BadInputError(
             f"{playbook}: sweep: capacity probes one condition per device count; "
-            f"remove the sweep (it has {len(expand(pb, str(playbook)))} conditions)"
+            f"remove the sweep (it has {conditions} conditions)"
         )
     base = pb.model_dump(mode="json")
     out.mkdir(parents=True, exist_ok=True)
