@@ -178,7 +178,8 @@ def test_inventory_written_by_up(lab: EmulatedLab) -> None:
 
 def test_second_lab_with_same_name_is_refused(lab: EmulatedLab, tmp_path: Path) -> None:
     spec = LabSpec(name="tlab", devices=1, subnet="10.77.208.0/24", state_dir=tmp_path)
-    with pytest.raises(LabError, match="already exists"):
+    in_use = rf"already exists on this machine \(in use by process {os.getpid()}\)"
+    with pytest.raises(LabError, match=in_use):
         EmulatedLab.up(spec)
 
 
@@ -240,6 +241,30 @@ def test_clean_after_a_crash_without_state(root_netns: None, tmp_path: Path) -> 
     assert any(r.startswith("netns tb-tcrash-sw") for r in removed)
     assert system_leftovers("tcrash") == []
     assert leftovers("tcrash") == []
+
+
+def test_a_lab_abandoned_by_a_dead_owner_is_replaced_by_the_next_up(
+    root_netns: None, tmp_path: Path, capfd
+) -> None:
+    script = CRASHER.format(repo=str(REPO), state=str(tmp_path / "crash"))
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err
+    try:
+        old_sshd = [x for x in system_leftovers("tcrash") if "sshd" in x]
+        assert old_sshd
+        spec = LabSpec(name="tcrash", devices=1, subnet="10.77.205.0/24", state_dir=tmp_path / "s")
+        lab = EmulatedLab.up(spec)
+        try:
+            assert f"was left by process {proc.pid}, which has ended" in capfd.readouterr().err
+            now = system_leftovers("tcrash")
+            assert not any(x in now for x in old_sshd)  # the dead run's sshd are gone
+            assert lab.status().hosts[-1].sshd_alive and len(lab.state.hosts) == 2
+        finally:
+            lab.down()
+    finally:
+        clean_all("tcrash")
+    assert system_leftovers("tcrash") == []
 
 
 def test_clean_dry_run_lists_but_keeps(root_netns: None, tmp_path: Path) -> None:

@@ -133,7 +133,9 @@ def up(
             fields["devices"] = devices  # rescales the topology (a star by default)
         spec = LabSpec.build("testbed lab up", **fields)
         say: Callable[[str], None] = lambda m: typer.echo(f"  {m}", err=True)  # noqa: E731
-        lab = EmulatedLab.up(spec, runner=_runner(dry_run), progress=None if dry_run else say)
+        lab = EmulatedLab.up(
+            spec, runner=_runner(dry_run), progress=None if dry_run else say, persistent=True
+        )
         if dry_run:
             return
         _hosts_table(lab)

@@ -6,7 +6,7 @@ Works with no state file (like `mn -c`): everything a lab makes is named `tb-<la
 from __future__ import annotations
 
 from testbed.errors import LabError
-from testbed.lab import naming
+from testbed.lab import naming, owner
 from testbed.lab.discover import kill_pids, list_netns, netns_pids, root_links, tagged_processes
 from testbed.lab.limits import HostLimiter
 from testbed.lab.spec import default_state_dir
@@ -72,6 +72,8 @@ def clean_all(
     removed = remove_lab_objects(lab, runner)
     for name in sorted(names):  # host-class cgroups (found even without a state file)
         removed += HostLimiter(name, default_state_dir(name), runner).remove()
+        if not runner.dry_run:
+            owner.release(name)
     if remove_state:
         labs_dir = default_state_dir("x").parent
         if not lab and labs_dir.is_dir():

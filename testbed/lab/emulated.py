@@ -12,6 +12,7 @@ working directory under the lab's state dir.
 from __future__ import annotations
 
 import ipaddress
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from pydantic import BaseModel
 from testbed import paths
 from testbed.errors import LabError
 from testbed.hosts.inventory import Inventory, InventoryHost, dump_inventory, load_inventory
-from testbed.lab import naming, sshd
+from testbed.lab import naming, owner, sshd
 from testbed.lab.backup import build_backup, start_monitor
 from testbed.lab.clean import remove_lab_objects, verify_gone
 from testbed.lab.discover import list_netns, pid_alive, root_links
@@ -86,8 +87,13 @@ class EmulatedLab:
         spec: LabSpec,
         runner: SystemRunner | None = None,
         progress: Callable[[str], None] | None = None,
+        persistent: bool = False,
     ) -> EmulatedLab:
-        """Create the lab described by `spec`; on any failure remove what was made and raise."""
+        """Create the lab described by `spec`; on any failure remove what was made and raise.
+
+        The lab belongs to this process (see `owner`) unless `persistent`: then it has no owner
+        and stays until `down`. A lab of that name abandoned by a dead owner is removed first.
+        """
         runner = runner or SystemRunner()
         say = progress or (lambda _msg: None)
         if not runner.dry_run:
@@ -107,6 +113,8 @@ class EmulatedLab:
         )
         lab = cls(state, runner)
         lab._check_free()
+        if not (runner.dry_run or persistent):
+            owner.claim(spec.name)
         t0 = time.monotonic()
         try:
             runner.remove_tree(lab.runtime_dir)  # stale state of an earlier lab of that name
@@ -184,6 +192,8 @@ class EmulatedLab:
         removed = remove_lab_objects(self.name, self.runner)
         removed += HostLimiter(self.name, self.state_dir, self.runner).remove()
         verify_gone(self.name, self.runner)
+        if not self.runner.dry_run:
+            owner.release(self.name)
         if not keep_files:
             self.runner.remove_tree(self.state_dir)
         return removed
@@ -329,8 +339,22 @@ class EmulatedLab:
         r = self.runner
         prefix = naming.netns_prefix(self.name)
         if list_netns(r, prefix) or root_links(r, prefix):
+            gone = owner.abandoned_by(self.name)
+            if gone is not None and not r.dry_run:
+                print(
+                    f"lab {self.name!r} was left by process {gone.pid}, which has ended; "
+                    "removing it first",
+                    file=sys.stderr,
+                )
+                remove_lab_objects(self.name, r)
+                HostLimiter(self.name, self.state_dir, r).remove()
+                verify_gone(self.name, r)
+                owner.release(self.name)
+                return self._check_free()
+            holder = owner.recorded(self.name)
+            used = f" (in use by process {holder.pid})" if holder is not None else ""
             raise LabError(
-                f"lab {self.name!r} already exists on this machine; run `testbed lab down "
+                f"lab {self.name!r} already exists on this machine{used}; run `testbed lab down "
                 f"--name {self.name}` (or `testbed lab clean --name {self.name}` after a crash)"
             )
         out = r.run(["ip", "-4", "route", "show"], query=True, check=False).stdout
