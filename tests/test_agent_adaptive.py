@@ -192,3 +192,49 @@ class SlowRelay(Relay):
 
     def on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
         threading.Timer(self.one_way_s, super().on_datagram, (data, addr)).start()
+
+
+class FirstVerifyLostRelay(Relay):
+    """Loses the first attempt of every VERIFY (its first datagram with a new rid) and keeps
+    what each attempt carried."""
+
+    def __init__(self, server: tuple[str, int]) -> None:
+        self.seen: set[int] = set()
+        self.carried: dict[int, list[list[int]]] = {}
+        super().__init__(server)
+
+    def on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+        if addr != self.server:
+            msg = wire.decode(data, KEY)
+            if isinstance(msg, wire.Verify):
+                self.carried.setdefault(msg.rid, []).append(msg.draft)
+                if msg.rid not in self.seen:
+                    self.seen.add(msg.rid)
+                    self.client = addr
+                    return
+        super().on_datagram(data, addr)
+
+
+def test_a_retry_sends_the_confident_prefix_and_output_stays_the_targets(tmp_path, tiny_pair):
+    target = TorchEngine(tiny_pair.target_hf, threads=1)
+    draft = LlamaCppEngine(tiny_pair.draft_gguf, n_threads=1)
+    server = ServerThread(target, tmp_path / "server")
+    relay = FirstVerifyLostRelay(server.addr)
+    items = problems(2, seed=17)
+    try:
+        rounds = run_device(draft, relay.addr, tmp_path / "dev", items, max_new=32, draft_len=6,
+                            retry_confidence=0.9, timeout_ms=50)  # fmt: skip
+    finally:
+        relay.stop()
+        server.stop()
+    assert all(r["mode"] == "verified" and r["attempts"] == 2 for r in rounds)
+    short = [r for r in rounds if r["retry_drafts"] is not None]
+    assert short, "no draft had a token below 0.9 confidence"
+    for r in rounds:  # the retry carried exactly the drafts down to the first unsure one
+        n = next((i for i, c in enumerate(r["conf"]) if c < 0.9), len(r["conf"]))
+        assert r["retry_drafts"] == (max(n, 1) if max(n, 1) < r["drafted"] else None)
+        assert r["accepted"] <= (r["retry_drafts"] or r["drafted"])
+    sent = sorted(relay.carried.values(), key=len)
+    assert all(len(attempts) == 2 for attempts in sent)
+    assert any(len(a[1]) < len(a[0]) and a[1] == a[0][: len(a[1])] for a in sent)
+    assert_targets_greedy_output(target, tmp_path / "dev", items, 32)

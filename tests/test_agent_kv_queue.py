@@ -180,3 +180,35 @@ def test_fuzzing_a_queueing_truncating_chunking_server_leaves_it_serving(
     assert_targets_greedy_output(target, tmp_path / "dev", items, 32)
     rows = read_records(tmp_path / "server" / "verifications.jsonl")
     assert max(r["dropped"] for r in rows) > 0  # long hostile contexts were truncated
+
+
+@pytest.mark.parametrize("policy", ["queue", "refuse"])
+def test_a_generate_that_does_not_fit_waits_its_turn_or_is_refused(tmp_path, target, policy):
+    """Centralized mode: a pool with room for one generation; a second device's GENERATE
+    waits and then gets the target's own greedy output (queue), or is refused (refuse)."""
+    from agents.spec.decoding import generate_ad
+
+    ids, max_new = target.tokenize(PROMPT), 24
+    pool = KvPool(budget=len(ids) + max_new + 4, idle_s=600)  # one generation, not two
+    queue = KvQueue(max_len=4, timeout_s=60) if policy == "queue" else None
+    srv = ServerThread(target, tmp_path / "server", pool=pool, kv_queue=queue)
+    links = {d: ServerLink(srv.addr, KEY, bind=("127.0.0.1", 0)) for d in ("d1", "d2")}
+    try:
+        epoch = srv.server.epoch
+        links["d1"].send(wire.Generate("d1", 1, "s1", ids, max_new, epoch))
+        assert wait_for(lambda: srv.server.batcher.busy)
+        links["d2"].send(wire.Generate("d2", 1, "s1", ids, max_new, epoch))
+        first, second = reply_to(links["d1"], 1), reply_to(links["d2"], 1)
+    finally:
+        for link in links.values():
+            link.close()
+        srv.stop()
+    expected = generate_ad(target, ids, max_new).tokens
+    assert isinstance(first, wire.Result) and first.tokens == expected
+    if policy == "queue":
+        assert isinstance(second, wire.Result) and second.tokens == expected
+        assert second.queue_ms > 0 and not srv.server.refusals["kv_pool_full"]
+    else:
+        assert isinstance(second, wire.Error) and second.code == "kv_pool_full"
+        assert srv.server.refusals["kv_pool_full"] == 1
+    assert srv.server.pool.used == 0  # both generations gave their room back

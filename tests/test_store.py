@@ -58,3 +58,29 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     atomic_write(path, b"new")
     assert path.read_bytes() == b"new"
     assert [p.name for p in tmp_path.iterdir()] == ["f.json"]
+
+
+def test_a_resumed_run_expands_to_the_conditions_it_planned(tmp_path):
+    """The saved playbook keeps the sweep's key order (it makes the condition ids), and a
+    saved playbook that expands to other conditions is refused, not run again under new ids."""
+    from testbed.config.playbook import expand, load_playbook, planned_ids
+    from testbed.errors import BadInputError
+    from testbed.runner.run import check_same_conditions, playbook_for_resume, save_playbook
+
+    source = tmp_path / "p.yaml"
+    source.write_text(
+        "name: order\nmode: sled\nlab: {devices: 1}\nmodels: {draft: tiny, target: tiny}\n"
+        "sweep:\n  sled.copies: [1, 2]\n  link.loss: [0.0, 0.1]\n"
+    )
+    pb = load_playbook(source)
+    store = RunStore(tmp_path / "run")
+    store.create({"run_id": "r", "conditions": planned_ids(expand(pb))})
+    save_playbook(store, pb)
+    resumed, _ = playbook_for_resume(store)
+    ids = list(expand(resumed).ids())
+    assert ids == store.manifest()["conditions"] and ids[0].startswith("c00-sled.copies=1,link")
+    check_same_conditions(store, expand(resumed))
+
+    swapped = pb.model_copy(update={"sweep": dict(reversed(pb.sweep.items()))})
+    with pytest.raises(BadInputError, match=r"playbook.yaml: expands to other conditions"):
+        check_same_conditions(store, expand(swapped))

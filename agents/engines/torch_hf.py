@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, DynamicCache
+from transformers.utils import logging as hf_logging
 
 from agents.engines.base import Engine, tokenizer_fingerprint
 
@@ -141,6 +142,7 @@ class TorchEngine(Engine):
             torch.set_num_threads(threads)
         self.device = torch.device(device)
         self.dtype = dtype
+        hf_logging.disable_progress_bar()  # a "Loading weights" bar would cut into logs
         self.model = AutoModelForCausalLM.from_pretrained(
             self.path, dtype=dtype, attn_implementation=attn_implementation
         ).to(self.device)

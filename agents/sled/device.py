@@ -41,12 +41,14 @@ from agents.sled.draft_length import DraftLengthController
 from agents.sled.link import ServerLink
 from agents.sled.lookahead import LookAhead
 from agents.sled.retry import AdaptiveTimeout, FixedTimeout, RetryPolicy
+from agents.spec.confidence import confident_prefix
 from agents.spec.decoding import draft_tokens, finish
 from agents.spec.session import TrackedSession
 from agents.spec.sparse import sparse_rows
 
 # the round falls back
 RETRY_LATER = {"kv_pool_full", "kv_queue_timeout", "engine_error", "sequence_too_long"}
+GENERATE_AGAIN = {"kv_pool_full", "kv_queue_timeout", "engine_error", "already_generating"}
 
 
 @dataclass
@@ -77,6 +79,7 @@ class DeviceConfig:
     top_k: int = 32
     min_confidence: float = 0.0  # stop drafting after a draft less probable than this
     copies: int = 1  # send each VERIFY this many times (and ask for as many verdicts)
+    retry_confidence: float = 0.0  # > 0: a retry sends only the drafts at least this confident
     lookahead: int = 0  # greedy: draft up to this many tokens ahead while a verdict is pending
     seed: int | None = None
     generate_timeout_s: float = 300.0
@@ -177,13 +180,19 @@ class DeviceAgent:
         """Send drafts (and, when sampling, their q rows) for verification, resyncing if
         asked; return (verdict, exchange)."""
         q_ids, q_probs = sparse_rows(q) if q is not None else ([], [])
+        conf = [round(c, 6) for c in conf or []]
+        n_retry = confident_prefix(conf, self.cfg.retry_confidence) if conf else len(drafts)
         while True:
             rid = self.next_rid()
-            msg = wire.Verify(
-                self.cfg.dev, rid, sid, synced, committed[synced:], drafts, self.epoch,
-                self.cfg.temperature if q is not None else 0.0, q_ids, q_probs,
-                [round(c, 6) for c in conf or []], self.cfg.copies,
-            )  # fmt: skip
+
+            def verify(n: int, rid: int = rid, synced: int = synced) -> wire.Verify:
+                return wire.Verify(
+                    self.cfg.dev, rid, sid, synced, committed[synced:], drafts[:n], self.epoch,
+                    self.cfg.temperature if q is not None else 0.0, q_ids[:n], q_probs[:n],
+                    conf[:n], self.cfg.copies,
+                )  # fmt: skip
+
+            msg = verify(len(drafts))
             ex = self.link.request(
                 msg,
                 lambda m, rid=rid: (
@@ -193,6 +202,7 @@ class DeviceAgent:
                 self.retry,
                 self.cfg.retries,
                 idle=self.ahead.step if self.ahead else None,
+                resend=verify(n_retry) if n_retry < len(drafts) else None,
             )
             if isinstance(ex.reply, wire.Resync):
                 synced = min(synced, ex.reply.have)
@@ -258,11 +268,18 @@ class DeviceAgent:
                 self.carry = self.ahead.kept(v, v and verdict.accepted == len(drafts),
                                              verdict.token if v else -1)  # fmt: skip
                 self.ahead.start([])
+            retry_drafts = None  # a retry sent only the confident prefix of the drafts
+            if ex is not None and ex.attempts > 1 and cfg.retry_confidence > 0:
+                n = confident_prefix([round(c, 6) for c in conf or []], cfg.retry_confidence)
+                retry_drafts = n if n < len(drafts) else None
             if isinstance(verdict, wire.Verdict):
                 emitted = drafts[: verdict.accepted] + [verdict.token]
                 mode = "verified"
+                judged = len(drafts)
+                if retry_drafts is not None and verdict.accepted <= retry_drafts:
+                    judged = retry_drafts  # most likely the prefix's verdict (else a cached one)
                 if self.lengths:
-                    self.lengths.observe(verdict.accepted, len(drafts))
+                    self.lengths.observe(verdict.accepted, judged)
             else:
                 emitted = drafts
                 mode = "fallback" if self.link is not None else "local"
@@ -295,6 +312,7 @@ class DeviceAgent:
                     "accepted": verdict.accepted if mode == "verified" else None,
                     "tokens": n_new,
                     "attempts": ex.attempts if ex else 0,
+                    "retry_drafts": retry_drafts,
                     "rtt_ms": ex.rtt_ms if ex else None,
                     "waited_ms": ex.waited_ms if ex else 0.0,
                     "draft_ms": draft_ms,
@@ -345,7 +363,7 @@ class DeviceAgent:
             if isinstance(reply, wire.Error) and reply.code == "stale_epoch":
                 self.handshake()
                 continue
-            if isinstance(reply, wire.Error) and reply.code in ("kv_pool_full", "engine_error"):
+            if isinstance(reply, wire.Error) and reply.code in GENERATE_AGAIN:
                 time.sleep(cfg.probe_ms / 1000)
                 continue
             break
@@ -440,6 +458,12 @@ def main(argv: list[str] | None = None) -> int:
         help="redundant sends of each VERIFY and its verdict (survives loss at p**copies)",
     )
     ap.add_argument(
+        "--retry-confidence",
+        type=float,
+        default=0.0,
+        help="a retry sends only the leading drafts at least this confident (0: all of them)",
+    )
+    ap.add_argument(
         "--min-confidence",
         type=float,
         default=0.0,
@@ -477,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         args.timeout_policy, args.timeout_min_ms, args.timeout_max_ms, args.mode,
         temperature=args.temperature, top_k=args.top_k, seed=args.seed,
         min_confidence=args.min_confidence, copies=args.copies, lookahead=args.lookahead,
+        retry_confidence=args.retry_confidence,
     )  # fmt: skip
     t0 = time.time()
     power = PowerSampler(args.records, detect_source())

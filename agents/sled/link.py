@@ -71,9 +71,11 @@ class ServerLink:
         policy: RetryPolicy,
         retries: int = 3,
         idle: Callable[[], bool] | None = None,
+        resend: wire.Message | None = None,
     ) -> Exchange:
         """Send msg and wait up to the policy's timeout for a wanted reply; resend up to
-        `retries` times. A reply to the first attempt is an RTT sample for the policy.
+        `retries` times (`resend` in its place, if given: a shorter form of the same request).
+        A reply to the first attempt is an RTT sample for the policy.
 
         While waiting, `idle` is called for one small unit of other work (look-ahead
         drafting) as long as it returns True, with a non-blocking check for the reply after
@@ -82,7 +84,8 @@ class ServerLink:
         for attempt in range(1, retries + 2):
             sent = time.monotonic()
             deadline = sent + policy.timeout_s()
-            self.send(msg, getattr(msg, "copies", 1))
+            out = resend if resend is not None and attempt > 1 else msg
+            self.send(out, getattr(out, "copies", 1))
             while True:
                 busy = idle is not None and idle()
                 left = 0.0 if busy else max(0.0, deadline - time.monotonic())

@@ -70,9 +70,9 @@ class ServerSession:
 
 @dataclass
 class Pending:
-    """A VERIFY waiting in the current batch."""
+    """A VERIFY waiting in the current batch, or a VERIFY or GENERATE waiting for room."""
 
-    msg: wire.Verify
+    msg: wire.Verify | wire.Generate
     addr: tuple[str, int]
     arrived: float
 
@@ -110,8 +110,8 @@ class VerificationServer:
         seed: int | None = None,
         kv_queue: KvQueue[Pending] | None = None,
     ) -> None:
-        """kv_queue: where VERIFYs that do not fit the pool wait (the `queue` policy); None
-        refuses them at once (the `refuse` policy)."""
+        """kv_queue: where VERIFYs and GENERATEs that do not fit the pool wait, in one line
+        (the `queue` policy); None refuses them at once (the `refuse` policy)."""
         self.engine = engine
         self.sock = sock
         self.key = key
@@ -206,7 +206,7 @@ class VerificationServer:
                 else:
                     batch.append(pending)
         elif isinstance(msg, wire.Generate):
-            self._generate(msg, addr)
+            self._generate(msg, addr, batch)
         elif isinstance(msg, wire.Hello):
             problem = check_names(msg.dev) or check_rid(msg.rid)
             if problem:
@@ -223,8 +223,9 @@ class VerificationServer:
         else:
             self.refusals["unexpected_kind"] += 1  # a reply kind sent to the server
 
-    def _generate(self, msg: wire.Generate, addr: tuple[str, int]) -> None:
-        """Centralized mode: queue the prompt for continuous-batched generation."""
+    def _generate(self, msg: wire.Generate, addr: tuple[str, int], batch: list[Pending]) -> None:
+        """Centralized mode: queue the prompt for continuous-batched generation. With a wait
+        queue it goes through `verify_batch`'s admission, behind any request that waits."""
         problem = check_generate(msg, self.limits)
         key = (msg.dev, msg.sid)
         room = self.limits.max_seq_length - msg.max_new
@@ -236,12 +237,27 @@ class VerificationServer:
             return
         elif msg.epoch != self.epoch:
             self._stale(msg.dev, msg.rid, addr)
-        elif self.batcher.has(key) or not self._admit(key, len(msg.prompt) + msg.max_new):
-            self.refusals["kv_pool_full"] += 1
-            error = wire.Error(msg.rid, "KV pool full: try again later", "kv_pool_full")
+        elif self.batcher.has(key):
+            self.refusals["already_generating"] += 1
+            error = wire.Error(msg.rid, "already generating this session", "already_generating")
             self._send(error, addr, msg.dev)
-        else:
+        elif self.kv_queue is not None:
+            batch[:] = [p for p in batch if p.msg.dev != msg.dev]  # a newer rid supersedes
+            batch.append(Pending(msg, addr, time.monotonic()))
+        elif self._admit(key, len(msg.prompt) + msg.max_new):
             self.batcher.join(key, msg.rid, addr, msg.prompt, msg.max_new)
+        else:
+            self._no_room(Pending(msg, addr, time.monotonic()), time.monotonic())
+
+    def _start_generation(self, p: Pending, since: float, waiting: bool) -> bool:
+        """Admit a GENERATE from the wait line into the batcher, or leave it waiting; returns
+        whether a request now waits (later sessions line up behind it)."""
+        m = p.msg
+        key = (m.dev, m.sid)
+        if waiting or not self._admit(key, len(m.prompt) + m.max_new):  # type: ignore[union-attr]
+            return self._no_room(p, since) or waiting
+        self.batcher.join(key, m.rid, p.addr, m.prompt, m.max_new)  # type: ignore[union-attr]
+        return waiting
 
     def generate_step(self) -> None:
         """One continuous-batching step of the centralized generations; answer finished ones."""
@@ -358,6 +374,9 @@ class VerificationServer:
             candidates = [(p, since) for _, p, since in self.kv_queue.take_all()] + candidates
         waiting = False  # an earlier request waits for room: new sessions line up behind it
         for p, since in candidates:
+            if isinstance(p.msg, wire.Generate):
+                waiting = self._start_generation(p, since, waiting)
+                continue
             m = p.msg
             key = (m.dev, m.sid)
             known = self.sessions.get(key)
@@ -391,7 +410,7 @@ class VerificationServer:
                           t_start)  # fmt: skip
 
     def _no_room(self, p: Pending, since: float) -> bool:
-        """A VERIFY that does not fit the pool: queue it (True) or refuse it (False)."""
+        """A request that does not fit the pool: queue it (True) or refuse it (False)."""
         m = p.msg
         if self.kv_queue is not None and self.kv_queue.offer(m.dev, p, since):
             return True

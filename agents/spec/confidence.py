@@ -36,3 +36,10 @@ class ConfidenceBuckets:
              "acceptance": self.accepted[b] / self.judged[b] if self.judged[b] else None}
             for b in range(len(EDGES) - 1)
         ]  # fmt: skip
+
+
+def confident_prefix(conf: Sequence[float], threshold: float) -> int:
+    """How many leading drafts are at least `threshold` confident; at least 1 (all if no
+    threshold), so that a retry still carries a draft to verify."""
+    n = next((i for i, c in enumerate(conf) if c < threshold), len(conf))
+    return max(1, n) if conf else 0

@@ -133,6 +133,9 @@ class SledSection(Strict):
     timeout_max_ms: float = Field(1000.0, gt=0, description="adaptive timeout: ceiling")
     retries: int = Field(3, ge=0)
     copies: int = Field(1, ge=1, le=4, description="redundant sends of each draft and verdict")
+    retry_confidence: float = Field(
+        0.0, ge=0, lt=1, description="a retry sends only the drafts at least this confident"
+    )
     lookahead: int = Field(0, ge=0, le=64, description="tokens drafted ahead while in flight")
     min_confidence: float = Field(0.0, ge=0, lt=1, description="stop a draft below this")
     temperature: float = Field(0.0, ge=0, description="0: greedy; else sampled SD")

@@ -48,6 +48,7 @@ class RoundRecord:
     draft_len: int | None = None  # the draft length the device chose (adaptive drafting)
     accepted: int | None = None  # verified rounds: drafts the target accepted
     attempts: int = 0
+    retry_drafts: int | None = None  # drafts a retry carried (the confident prefix), if fewer
     rtt_ms: float | None = None
     waited_ms: float = 0.0
     draft_ms: float = 0.0

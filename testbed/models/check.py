@@ -219,12 +219,9 @@ def check_model(
     result = ModelCheck(src, tokenizer_hashes(src), strings=len(strings), prompts=n_prompts)
     if src.hf_dir is None or src.gguf is None:
         return result
-    from transformers.utils import logging as hf_logging
-
     from agents.engines.llama_cpp import LlamaCppEngine
     from agents.engines.torch_hf import TorchEngine
 
-    hf_logging.disable_progress_bar()
     say(f"loading {src.name} in both engines")
     torch_engine = TorchEngine(src.hf_dir, threads=threads)
     llama_engine = LlamaCppEngine(src.gguf, n_threads=threads)

@@ -21,9 +21,6 @@ def target_answers(
     known: dict[str, str] = json.loads(cache.read_text()) if cache and cache.exists() else {}
     missing = [p for p in problems if f"{p.id}@{max_new}" not in known]
     if missing:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # its "Loading weights" bar would cut into run output
         engine = load_engine(target, threads=1)
         for p in missing:
             gen = generate_ad(engine, engine.tokenize(prompt(p)), max_new)

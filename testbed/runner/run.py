@@ -113,12 +113,37 @@ def new_run_dir(pb: Playbook, base: Path | None = None) -> Path:
     return path
 
 
+def save_playbook(store: RunStore, pb: Playbook) -> None:
+    """The resolved playbook, as a resume runs it, in its own key order (the order of the
+    sweep's keys makes the condition ids)."""
+    (store.root / "playbook.yaml").write_text(
+        yaml.safe_dump(pb.model_dump(mode="json"), sort_keys=False)
+    )
+
+
 def playbook_for_resume(store: RunStore) -> tuple[Playbook, str]:
     """The playbook saved in a run folder, revalidated."""
     path = store.root / "playbook.yaml"
     if not path.exists():
         raise BadInputError(f"{store.root}: not a resumable run (no playbook.yaml)")
     return load_playbook(path), str(path)
+
+
+def check_same_conditions(store: RunStore, conditions: Sweep) -> None:
+    """Refuse to resume when the saved playbook no longer expands to the conditions the run
+    planned (its manifest lists them): a resume would run them all again under new ids."""
+    planned = store.manifest().get("conditions")
+    if planned is None:
+        return
+    now = list(conditions.ids())
+    if now != planned:
+        differ = next((i for i, (a, b) in enumerate(zip(planned, now)) if a != b), len(planned))
+        raise BadInputError(
+            f"{store.root / 'playbook.yaml'}: expands to other conditions than the run planned "
+            f"({len(now)} now, {len(planned)} in manifest.json; first difference at #{differ}: "
+            f"{now[differ] if differ < len(now) else '-'} vs "
+            f"{planned[differ] if differ < len(planned) else '-'})"
+        )
 
 
 def execute(
@@ -152,6 +177,8 @@ def execute(
         store = None
     pb = with_lab(pb, source, lab_kind, inventory)
     conditions = expand(pb, source, max_conditions)
+    if store is not None:
+        check_same_conditions(store, conditions)
     if dry_run:
         return _dry_run(pb, conditions, say)
 
@@ -165,7 +192,7 @@ def execute(
         assert playbook_path is not None
         # the resolved playbook (topology applied) is what a resume runs; the file as given
         # is kept beside it for the record
-        (store.root / "playbook.yaml").write_text(yaml.safe_dump(pb.model_dump(mode="json")))
+        save_playbook(store, pb)
         (store.root / "playbook.source.yaml").write_text(Path(playbook_path).read_text())
     finished = store.finished(retry_failed)
     # lazy: conditions are resolved one at a time as the loop reaches them

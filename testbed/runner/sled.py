@@ -131,6 +131,7 @@ def device_command(
         "--timeout-max-ms", str(s.timeout_max_ms),
         "--retries", str(s.retries),
         "--copies", str(s.copies),
+        "--retry-confidence", str(s.retry_confidence),
         "--lookahead", str(s.lookahead),
         "--min-confidence", str(s.min_confidence),
         "--temperature", str(s.temperature),
