@@ -290,12 +290,14 @@ def test_every_mode_gives_the_targets_greedy_output_at_zero_loss(root_netns, tmp
     assert leftovers(LAB) == []
 
 
+@pytest.mark.parametrize("kind", ["namespaces", "mininet"])
 def test_a_cut_primary_path_moves_a_run_to_the_backup_and_devices_keep_verifying(
-    root_netns, tmp_path, tiny_pair
+    root_netns, tmp_path, tiny_pair, kind
 ):
     """A topology with a backup path, its primary link cut by a schedule a few seconds in and
     for the rest of the run: the monitor's failover is in the condition's records, and the
-    device's rounds after it are verified (over the backup path), none lost to fallback."""
+    device's rounds after it are verified (over the backup path), none lost to fallback. The
+    same on the namespace lab and on Mininet (whose switch namespace carries both bridges)."""
     (tmp_path / "topo.yaml").write_text(
         "name: bk\nserver: {class: a100}\nfleet:\n  - {class: pi5, count: 1}\n"
         "profiles:\n  wifi: {rtt_ms: 20}\n  5g: {rtt_ms: 0}\n"
@@ -303,12 +305,14 @@ def test_a_cut_primary_path_moves_a_run_to_the_backup_and_devices_keep_verifying
     )
     playbook = tmp_path / "cut.yaml"
     playbook.write_text(
-        "name: cut\ntopology: topo.yaml\nworkload: {problems_per_device: 30, max_new_tokens: 48}\n"
+        f"name: cut\ntopology: topo.yaml\nlab: {{kind: {kind}}}\n"
+        "workload: {problems_per_device: 30, max_new_tokens: 48}\n"
         "impairment: {probe_packets: 50}\n"
         "link: {rtt_ms: 20, schedule: [{at_s: 6, loss: 1.0}]}\n"
     )
     outcome = execute(playbook, out=tmp_path / "results", say=lambda _m: None)
     assert (outcome.done, outcome.failed) == (1, 0)
+    assert outcome.store.manifest()["lab"]["kind"] == kind
     (entry,) = RunStore(outcome.store.root).journal()
     failovers = entry["link"]["failovers"]
     assert [(f["device"], f["to"]) for f in failovers][:1] == [("dev1", "backup")], failovers
