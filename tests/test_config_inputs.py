@@ -165,6 +165,9 @@ def test_validate_command_reports_count_or_the_problem(tmp_path):
     good.write_text("name: ok\nsweep:\n  link.loss: [0, 0.1]\n  sled.draft_len: [2, 4]\n")
     result = runner.invoke(app, ["validate", str(good)])
     assert result.exit_code == 0 and "4 conditions" in result.output
+    good.write_text(good.read_text() + "workload: {repetitions: 3}\n")
+    result = runner.invoke(app, ["validate", str(good)])
+    assert "12 conditions (link.loss (2), sled.draft_len (2); 3 repetitions each)" in result.output
     big = huge_sweep(tmp_path)
     result = runner.invoke(app, ["validate", str(big)])
     assert result.exit_code == 2 and "16,777,216" in result.output

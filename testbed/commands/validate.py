@@ -34,5 +34,7 @@ def validate(
         typer.echo(str(exc), err=True)
         raise typer.Exit(exc.exit_code) from None
     keys = ", ".join(f"{k} ({len(v)})" for k, v in pb.sweep.items()) or "no sweep"
+    if sweep.repetitions > 1:
+        keys += f"; {sweep.repetitions} repetitions each"
     how = "every condition checked" if whole else "each swept value checked on its own"
     typer.echo(f"{playbook}: valid; {len(sweep):,} conditions ({keys}); {how}")
