@@ -117,6 +117,25 @@ def run_device(draft, addr, records: Path, items, dev="d1", **cfg) -> list[dict]
     return read_records(records / "rounds.jsonl")
 
 
+def run_past_the_limit(tmp_path: Path, target, draft_gguf: Path, room: int, truncate: bool):
+    """One problem whose session outgrows a server limit of its prompt + `room` tokens (the
+    server truncates or refuses past it); returns (server thread, the device's rounds)."""
+    from agents.engines.llama_cpp import LlamaCppEngine
+    from agents.sled.guard import Limits
+
+    items = problems(1, seed=3)
+    n_prompt = len(target.tokenize(items[0]["prompt"]))
+    limits = Limits(target.vocab_size, max_draft=8, max_seq_length=n_prompt + room,
+                    truncate=truncate)  # fmt: skip
+    srv = ServerThread(target, tmp_path / "server", limits=limits)
+    try:
+        draft = LlamaCppEngine(draft_gguf, n_threads=1)
+        rounds = run_device(draft, srv.addr, tmp_path / "dev", items, max_new=40)
+    finally:
+        srv.stop()
+    return srv, rounds
+
+
 def assert_targets_greedy_output(target, folder: Path, items: list[dict], max_new: int) -> None:
     """Every request a device answered equals the target's own greedy output, all verified."""
     from agents.spec.decoding import generate_ad

@@ -10,9 +10,8 @@ import socket
 import time
 
 import pytest
-from agent_harness import KEY, ServerThread, problems, run_device
+from agent_harness import KEY, ServerThread, run_past_the_limit
 
-from agents.engines.llama_cpp import LlamaCppEngine
 from agents.engines.torch_hf import TorchEngine
 from agents.protocol import wire
 from agents.protocol.auth import LabKey
@@ -166,15 +165,7 @@ def test_an_error_is_never_larger_than_the_datagram_it_answers(server):
 def test_a_session_longer_than_the_server_allows_falls_back_on_the_device(
     tmp_path, target, tiny_pair
 ):
-    items = problems(1, seed=3)
-    n_prompt = len(target.tokenize(items[0]["prompt"]))
-    limits = Limits(target.vocab_size, max_draft=8, max_seq_length=n_prompt + 10)
-    srv = ServerThread(target, tmp_path / "server", limits=limits)
-    try:
-        draft = LlamaCppEngine(tiny_pair.draft_gguf, n_threads=1)
-        rounds = run_device(draft, srv.addr, tmp_path / "dev", items, max_new=40)
-    finally:
-        srv.stop()
+    srv, rounds = run_past_the_limit(tmp_path, target, tiny_pair.draft_gguf, 10, truncate=False)
     modes = [r["mode"] for r in rounds]
     assert modes[0] == "verified" and modes[-1] == "fallback"  # verified until the limit
     assert srv.server.refusals["sequence_too_long"] >= 1

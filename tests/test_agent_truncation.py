@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from agent_harness import KEY, ServerThread, problems, run_device
+from agent_harness import KEY, ServerThread, run_past_the_limit
 
-from agents.engines.llama_cpp import LlamaCppEngine
 from agents.engines.torch_hf import TorchEngine
 from agents.protocol import wire
 from agents.records import read_records
@@ -74,15 +73,7 @@ def test_a_context_longer_than_the_limit_is_verified_on_its_window(tmp_path, tar
 
 
 def test_a_session_longer_than_the_limit_stays_verified(tmp_path, target, tiny_pair):
-    items = problems(1, seed=3)
-    n_prompt = len(target.tokenize(items[0]["prompt"]))
-    limits = Limits(target.vocab_size, max_draft=8, max_seq_length=n_prompt + 12, truncate=True)
-    srv = ServerThread(target, tmp_path / "server", limits=limits)
-    try:
-        draft = LlamaCppEngine(tiny_pair.draft_gguf, n_threads=1)
-        rounds = run_device(draft, srv.addr, tmp_path / "dev", items, max_new=40)
-    finally:
-        srv.stop()
+    srv, rounds = run_past_the_limit(tmp_path, target, tiny_pair.draft_gguf, 12, truncate=True)
     assert {r["mode"] for r in rounds} == {"verified"}
     assert not srv.server.refusals["sequence_too_long"]
     (req,) = read_records(tmp_path / "dev" / "requests.jsonl")

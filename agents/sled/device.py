@@ -176,12 +176,13 @@ class DeviceAgent:
 
     # -- one round -----------------------------------------------------------------------
     def _verify(self, sid: str, committed: list[int], synced: int, drafts: list[int],
-                q: np.ndarray | None = None, conf: list[float] | None = None):  # fmt: skip
+                q: np.ndarray | None = None, conf: list[float] | None = None,
+                n_retry: int | None = None):  # fmt: skip
         """Send drafts (and, when sampling, their q rows) for verification, resyncing if
-        asked; return (verdict, exchange)."""
+        asked; a retry sends only the first `n_retry` drafts if given. Return (verdict,
+        exchange)."""
         q_ids, q_probs = sparse_rows(q) if q is not None else ([], [])
         conf = [round(c, 6) for c in conf or []]
-        n_retry = confident_prefix(conf, self.cfg.retry_confidence) if conf else len(drafts)
         while True:
             rid = self.next_rid()
 
@@ -202,7 +203,7 @@ class DeviceAgent:
                 self.retry,
                 self.cfg.retries,
                 idle=self.ahead.step if self.ahead else None,
-                resend=verify(n_retry) if n_retry < len(drafts) else None,
+                resend=verify(n_retry) if n_retry is not None else None,
             )
             if isinstance(ex.reply, wire.Resync):
                 synced = min(synced, ex.reply.have)
@@ -216,6 +217,13 @@ class DeviceAgent:
             if isinstance(ex.reply, wire.Error):
                 raise RuntimeError(f"server refused request {rid}: {ex.reply.reason}")
             return ex.reply, ex
+
+    def _retry_prefix(self, drafts: list[int], conf: list[float] | None) -> int | None:
+        """How many drafts a retry carries (the confident prefix), if fewer than all."""
+        if self.cfg.retry_confidence <= 0 or not conf:
+            return None
+        n = confident_prefix(conf, self.cfg.retry_confidence)
+        return n if n < len(drafts) else None
 
     def _draft(self, committed: list[int], k: int):
         """This round's drafts: first the look-ahead carried over, then fresh drafting.
@@ -257,8 +265,9 @@ class DeviceAgent:
             verdict, ex = (None, None)
             if self.ahead:
                 self.ahead.start(committed + drafts)
+            n_retry = self._retry_prefix(drafts, conf)
             if self.online:
-                verdict, ex = self._verify(sid, committed, synced, drafts, q, conf)
+                verdict, ex = self._verify(sid, committed, synced, drafts, q, conf, n_retry)
                 if verdict is None:
                     self.online = False
                     self.last_probe = time.monotonic()
@@ -268,10 +277,7 @@ class DeviceAgent:
                 self.carry = self.ahead.kept(v, v and verdict.accepted == len(drafts),
                                              verdict.token if v else -1)  # fmt: skip
                 self.ahead.start([])
-            retry_drafts = None  # a retry sent only the confident prefix of the drafts
-            if ex is not None and ex.attempts > 1 and cfg.retry_confidence > 0:
-                n = confident_prefix([round(c, 6) for c in conf or []], cfg.retry_confidence)
-                retry_drafts = n if n < len(drafts) else None
+            retry_drafts = n_retry if ex is not None and ex.attempts > 1 else None
             if isinstance(verdict, wire.Verdict):
                 emitted = drafts[: verdict.accepted] + [verdict.token]
                 mode = "verified"

@@ -5,7 +5,7 @@ requests arriving within it (up to `max_batch`) are grouped by the batch strateg
 (`batching`: arrival order, or best fit by length) and each group is verified in one
 `score_batch` forward of the target; centralized requests (GENERATE) advance between
 batches, one token per step (`centralized`). Sessions share one KV budget (`kv_pool`); a
-VERIFY that does not fit is refused or waits in the pool's queue, by policy.
+VERIFY or GENERATE that does not fit is refused or waits in the pool's queue, by policy.
 Each (device, session) keeps its committed tokens and a tracked KV session; a repeated
 request id is answered from the per-device reply cache without recomputing.
 
@@ -32,6 +32,7 @@ import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -252,11 +253,11 @@ class VerificationServer:
     def _start_generation(self, p: Pending, since: float, waiting: bool) -> bool:
         """Admit a GENERATE from the wait line into the batcher, or leave it waiting; returns
         whether a request now waits (later sessions line up behind it)."""
-        m = p.msg
+        m = cast(wire.Generate, p.msg)
         key = (m.dev, m.sid)
-        if waiting or not self._admit(key, len(m.prompt) + m.max_new):  # type: ignore[union-attr]
+        if waiting or not self._admit(key, len(m.prompt) + m.max_new):
             return self._no_room(p, since) or waiting
-        self.batcher.join(key, m.rid, p.addr, m.prompt, m.max_new)  # type: ignore[union-attr]
+        self.batcher.join(key, m.rid, p.addr, m.prompt, m.max_new)
         return waiting
 
     def generate_step(self) -> None:
@@ -610,7 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv_policy",
         choices=["refuse", "queue"],
         default="refuse",
-        help="a VERIFY that does not fit the KV pool: refused at once, or queued (FIFO)",
+        help="a VERIFY or GENERATE that does not fit the KV pool: refused at once, or queued "
+        "(FIFO)",
     )
     ap.add_argument("--kv-queue-max", "--kv_queue_max", type=int, default=64)
     ap.add_argument("--kv-queue-timeout-s", "--kv_queue_timeout_s", type=float, default=10.0)

@@ -78,13 +78,22 @@ def tagged_processes(prefix: str = naming.PREFIX) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def pid_alive(pid: int) -> bool:
-    """True if `pid` exists and is not a zombie."""
+def process_start(pid: int) -> int | None:
+    """The start time of live process `pid` in clock ticks after boot; None if it is gone or
+    a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    if not fields or fields[0] == "Z":
+        return None
+    return int(fields[19])  # field 22 of proc(5); these fields start at field 3
+
+
+def pid_alive(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie."""
+    return process_start(pid) is not None
 
 
 def kill_pids(runner: SystemRunner, pids: list[int], grace: float = 2.0) -> list[int]:

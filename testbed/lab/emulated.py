@@ -26,7 +26,7 @@ from testbed.errors import LabError
 from testbed.hosts.inventory import Inventory, InventoryHost, dump_inventory, load_inventory
 from testbed.lab import naming, owner, sshd
 from testbed.lab.backup import build_backup, start_monitor
-from testbed.lab.clean import remove_lab_objects, verify_gone
+from testbed.lab.clean import clean_all, remove_lab_objects, verify_gone
 from testbed.lab.discover import list_netns, pid_alive, root_links
 from testbed.lab.limits import HostLimiter, confine_hosts
 from testbed.lab.spec import LabHost, LabSpec
@@ -346,10 +346,7 @@ class EmulatedLab:
                     "removing it first",
                     file=sys.stderr,
                 )
-                remove_lab_objects(self.name, r)
-                HostLimiter(self.name, self.state_dir, r).remove()
-                verify_gone(self.name, r)
-                owner.release(self.name)
+                clean_all(self.name, r, remove_state=False)
                 return self._check_free()
             holder = owner.recorded(self.name)
             used = f" (in use by process {holder.pid})" if holder is not None else ""

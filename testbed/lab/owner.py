@@ -16,7 +16,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-OWNERS_DIR = Path(os.environ.get("TESTBED_OWNERS_DIR", "/run/edge-testbed/labs"))
+from testbed.lab.discover import process_start
+
+OWNERS_DIR = Path("/run/edge-testbed/labs")
 
 
 @dataclass(frozen=True)
@@ -29,18 +31,6 @@ class Owner:
     def alive(self) -> bool:
         """True if that very process still runs (same pid, same start time, not a zombie)."""
         return process_start(self.pid) == self.started
-
-
-def process_start(pid: int) -> int | None:
-    """The start time of live process `pid` in clock ticks after boot; None if gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    if not fields or fields[0] == "Z":
-        return None
-    return int(fields[19])  # field 22 of proc(5); fields here start at field 3
 
 
 def _path(lab: str) -> Path:
