@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from testbed.balance.admission import AdmissionController, refusals
+from testbed.balance.admission import PRICE_LIMIT, AdmissionController, Plan, plan_modes, refusals
 from testbed.balance.algorithm import _lp_vertex, schedule
 from testbed.balance.baselines import ad_only, naive_greedy, sd_only
 from testbed.balance.bench import proven_bound
@@ -150,3 +151,85 @@ def test_cost_model_errors_name_the_file_and_key(tmp_path):
     bad.write_text(json.dumps({"target": {"weights_bytes": 1}}))
     with pytest.raises(BadInputError, match=r"cost\.json: key 'target\.kv_bytes_per_token'"):
         load_cost_model(bad)
+
+
+def test_priced_admission_sends_each_user_where_the_binding_resource_costs_least():
+    inst = Instance(
+        compute=np.array([[0.02, 0.01]] * 2),  # SD needs less compute
+        memory=np.array([[1.0, 2.0]] * 2),  # AD needs less memory
+        compute_capacity=1.0,
+        memory_capacity=100.0,
+    )
+    deadline = np.ones(2)
+    memory_bound = Plan((AD, SD), (AD, SD), True, price_compute=0.0, price_memory=0.1, span_s=1.0)
+    compute_bound = Plan((AD, SD), (AD, SD), True, price_compute=10.0, price_memory=0.0, span_s=1.0)
+    users = np.arange(2)
+    by_memory = AdmissionController(inst).offer_priced(users, memory_bound, deadline)
+    by_compute = AdmissionController(inst).offer_priced(users, compute_bound, deadline)
+    assert [d.mode for d in by_memory] == [AD, AD]
+    assert [d.mode for d in by_compute] == [SD, SD]
+
+
+def test_priced_admission_serves_the_cheapest_first_and_refuses_one_not_worth_its_share():
+    inst = Instance(
+        compute=np.array([[0.6, np.inf], [0.5, np.inf], [0.3, np.inf]]),
+        memory=np.array([[1.0, 1.0], [1.0, 1.0], [10.0, 10.0]]),
+        compute_capacity=1.0,
+        memory_capacity=100.0,
+    )
+    plan = Plan((AD,), (AD,), True, price_compute=2.0, price_memory=0.2, span_s=1.0)
+    ctl = AdmissionController(inst)
+    first, second, dear = ctl.offer_priced(np.arange(3), plan, np.ones(3))
+    assert second.mode == AD  # priced 1.2 against user 0's 1.4: admitted first
+    assert first.mode == UNSERVED and "compute" in first.reason  # 0.6 needed, 0.5 free
+    assert dear.mode == UNSERVED and f"above {PRICE_LIMIT}" in dear.reason  # 0.6 + 2.0
+    assert ctl.free_compute == pytest.approx(0.5)
+
+
+def window_instance(n: int, memory_each: float, setup_compute: float) -> Instance:
+    """n users who fit either mode, SD cheaper in compute, AD in memory."""
+    return Instance(
+        compute=np.tile([0.02, 0.01], (n, 1)),
+        memory=np.tile([memory_each, 1.2 * memory_each], (n, 1)),
+        compute_capacity=1.0,
+        memory_capacity=1.0,
+        setup_compute=np.array([setup_compute, setup_compute]),
+        setup_memory=np.array([0.0, 0.1]),
+    )
+
+
+def test_plan_opens_both_modes_when_both_setups_fit_and_one_when_they_do_not():
+    window, deadline = np.arange(10), np.ones(10)
+    loose = plan_modes(window_instance(10, 0.01, 0.2), window, deadline, 1.0, (AD, SD))
+    assert loose.modes == (AD, SD)
+    tight = plan_modes(window_instance(10, 0.01, 0.45), window, deadline, 1.0, (AD, SD))
+    assert len(tight.modes) == 1  # 0.9 of the server minus two setups of 0.45: nothing left
+
+
+def test_plan_averages_the_window_over_the_time_each_user_holds_its_share():
+    inst = window_instance(10, 0.3, 0.1)  # together 3x the memory if all were present at once
+    window, deadline = np.arange(10), np.full(10, 0.1)
+    spread = plan_modes(inst, window, deadline, 1.0, (AD, SD))  # each holds 0.1 s of 1 s
+    crowded = plan_modes(inst, window, deadline, 0.1, (AD, SD))  # all present at once
+    assert spread.priced and crowded.priced
+    assert spread.price_memory == 0  # 10 x 0.03 of the memory on average: nothing binds
+    assert crowded.price_memory > 0
+    few = plan_modes(inst, window[:3], deadline, 1.0, (AD, SD))
+    assert not few.priced  # too few arrivals to price the resources
+
+
+def test_a_user_only_a_shut_mode_can_serve_opens_it_when_its_setup_fits_now():
+    inst = Instance(
+        compute=np.array([[np.inf, 0.1]]),  # AD cannot step fast enough for this user
+        memory=np.array([[1.0, 1.0]]),
+        compute_capacity=1.0,
+        memory_capacity=10.0,
+        setup_compute=np.array([0.1, 0.1]),
+        setup_memory=np.array([0.0, 2.0]),
+    )
+    plan = Plan((AD,), (AD, SD), True, price_compute=1.0, price_memory=0.1, span_s=1.0)
+    (roomy,) = AdmissionController(inst).offer_priced(np.arange(1), plan, np.ones(1))
+    assert roomy.mode == SD
+    small = replace(inst, memory_capacity=2.5)  # SD's setup and the user need 3.0
+    (short,) = AdmissionController(small).offer_priced(np.arange(1), plan, np.ones(1))
+    assert short.mode == UNSERVED and "setup" in short.reason

@@ -102,6 +102,16 @@ def test_hybrid_matches_the_better_single_mode_where_one_resource_binds():
         assert served["ad-only"] != served["sd-only"]
 
 
+def test_hybrid_serves_more_than_either_single_mode_where_memory_is_tight():
+    """Memory tight, compute loaded: the priced mix of AD and SD beats both single modes."""
+    work = random_workload(np.random.default_rng(3), 400, rate_per_s=80)
+    served = {
+        p: simulate(COST, work, 8e6, SERVICE, p).served_in_time
+        for p in ("ad-only", "sd-only", "hybrid")
+    }
+    assert served["hybrid"] > max(served["ad-only"], served["sd-only"])
+
+
 def test_instance_pays_the_small_models_weights_only_for_sd():
     users = Users(np.array([10]), np.array([10]), np.array([5.0]))
     inst = make_instance(COST, users, 1e7, SERVICE)

@@ -10,8 +10,10 @@ of the sets), and at least max(OPT - 2, min(OPT, 1)) users (docs/balance.md, The
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
-from scipy.optimize import linprog
+from scipy.optimize import OptimizeResult, linprog
 from scipy.sparse import csr_array, hstack, identity, vstack
 
 from testbed.balance.exact import solve_exhaustive
@@ -31,6 +33,44 @@ def schedule(inst: Instance, allowed: tuple[int, ...] = (AD, SD)) -> Schedule:
         else:
             candidates.append(schedule_of(inst, _solve_open(inst, modes)))
     return max(candidates, key=lambda c: (c.served, -_bottleneck(inst, c)))
+
+
+def served_all_open(inst: Instance, modes: tuple[int, ...]) -> int:
+    """Users the algorithm serves with every mode of `modes` open (all their setups paid)."""
+    cols = [m - 1 for m in modes]
+    paid = replace(
+        inst,
+        compute_capacity=inst.compute_capacity - inst.setup_compute[cols].sum(),
+        memory_capacity=inst.memory_capacity - inst.setup_memory[cols].sum(),
+        setup_compute=np.zeros(2),
+        setup_memory=np.zeros(2),
+    )
+    if paid.compute_capacity < 0 or paid.memory_capacity < 0:
+        return 0
+    return schedule(paid, modes).served
+
+
+def prices(inst: Instance, modes: tuple[int, ...]) -> tuple[float, float]:
+    """Shadow prices of compute and memory (per unit of each) in the LP with `modes` open.
+
+    They are the LP's dual values: serving one more user is worth 1, so at the LP optimum a
+    user is served only if its demands, priced, cost at most 1 (docs/balance.md, section 4).
+    Zero when nothing fits or nothing binds.
+    """
+    cols = [m - 1 for m in modes]
+    cap_c = inst.compute_capacity - inst.setup_compute[cols].sum()
+    cap_m = inst.memory_capacity - inst.setup_memory[cols].sum()
+    if cap_c <= 0 or cap_m <= 0 or len(inst) == 0:
+        return 0.0, 0.0
+    comp, mem = inst.compute[:, cols] / cap_c, inst.memory[:, cols] / cap_m
+    fits = (comp <= 1) & (mem <= 1)
+    users = np.flatnonzero(fits.any(axis=1))
+    if len(users) == 0:
+        return 0.0, 0.0
+    ok = fits[users]
+    res = _lp(np.where(ok, comp[users], 0), np.where(ok, mem[users], 0), ok)
+    price_c, price_m = -res.ineqlin.marginals[:2]  # linprog minimises -sum(x)
+    return max(float(price_c), 0.0) / cap_c, max(float(price_m), 0.0) / cap_m
 
 
 def _bottleneck(inst: Instance, sched: Schedule) -> float:
@@ -68,6 +108,12 @@ def _solve_open(inst: Instance, modes: tuple[int, ...]) -> np.ndarray:
 def _lp_vertex(comp: np.ndarray, mem: np.ndarray, fits: np.ndarray) -> np.ndarray:
     """A vertex of max sum(x) s.t. sum(comp x) <= 1, sum(mem x) <= 1, per-user sum <= 1."""
     n, k = comp.shape
+    return _lp(comp, mem, fits).x.reshape(k, n).T
+
+
+def _lp(comp: np.ndarray, mem: np.ndarray, fits: np.ndarray) -> OptimizeResult:
+    """Solve that LP (HiGHS dual simplex); the result holds the vertex and the duals."""
+    n, k = comp.shape
     resources = csr_array(np.vstack([comp.T.ravel(), mem.T.ravel()]))
     if k > 1:  # with one mode, "at most one mode per user" is the variable's bound
         resources = vstack([resources, hstack([identity(n, format="csr")] * k)])
@@ -83,7 +129,7 @@ def _lp_vertex(comp: np.ndarray, mem: np.ndarray, fits: np.ndarray) -> np.ndarra
     )
     if res.status != 0:
         raise RuntimeError(f"balance scheduler: LP relaxation failed ({res.message})")
-    return res.x.reshape(k, n).T
+    return res
 
 
 def _repair(assigned: np.ndarray, comp: np.ndarray, mem: np.ndarray, cols: list[int]) -> None:

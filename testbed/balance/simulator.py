@@ -18,7 +18,7 @@ import numpy as np
 
 from agents.balance.loop import Executor, HybridLoop
 from agents.balance.modes import AD, SD
-from testbed.balance.admission import AdmissionController, plan_modes
+from testbed.balance.admission import AdmissionController, Plan, plan_modes
 from testbed.balance.costmodel import CostModel
 from testbed.balance.problem import (
     UNSERVED,
@@ -48,7 +48,7 @@ def random_workload(rng: np.random.Generator, n: int, rate_per_s: float) -> Work
     return Workload(users, np.cumsum(rng.exponential(1 / rate_per_s, n)))
 
 
-PLAN_MIN_USERS = 50  # the mode plan looks at no fewer recent arrivals than this
+PLAN_USERS = 50  # the hybrid plans on this many recent arrivals
 POLICY_MODES = {"ad-only": (AD,), "sd-only": (SD,), "hybrid": (AD, SD)}
 
 
@@ -140,8 +140,10 @@ def serve(
 ) -> SimResult:
     """Admission control and the hybrid loop over any executor (simulated or real).
 
-    The hybrid policy re-plans which modes may open every `replan_s` seconds
-    (`admission.plan_modes`); AD-only and SD-only have nothing to plan.
+    The hybrid policy re-plans which modes may open, and the prices it admits by, every
+    `replan_s` seconds on the latest arrivals (`admission.plan_modes`, `offer_priced`);
+    AD-only and SD-only have nothing to plan and admit each period's arrivals by the
+    scheduler (`offer_batch`).
     """
     users = work.users
     n = len(users)
@@ -156,8 +158,8 @@ def serve(
     peak = float(fixed)
     order = np.argsort(work.arrival, kind="stable")
     nxt = 0
-    horizon = float(np.median(users.deadline)) if n else 0.0
-    opened, planned_at = POLICY_MODES[policy], -np.inf
+    plan: Plan | None = None  # the hybrid's; AD-only and SD-only admit by `offer_batch`
+    planned_at = -np.inf
     while nxt < n or loop.members:
         if not loop.members and nxt < n:
             executor.wait_until(float(work.arrival[order[nxt]]))
@@ -167,13 +169,19 @@ def serve(
         arrived = order[first:nxt]
         replan = policy == "hybrid" and executor.clock() - planned_at >= replan_s
         if len(arrived) and replan:
-            seen = order[:nxt]
-            recent = seen[work.arrival[seen] >= executor.clock() - horizon]
-            if len(recent) < PLAN_MIN_USERS:
-                recent = seen[-PLAN_MIN_USERS:]
-            opened = plan_modes(inst, recent, POLICY_MODES[policy])
+            recent = order[max(0, nxt - PLAN_USERS) : nxt]
+            span = max(
+                executor.clock() - float(work.arrival[recent[0]]),
+                float(np.median(users.deadline[recent])),
+            )
+            plan = plan_modes(inst, recent, users.deadline, span, POLICY_MODES[policy])
             planned_at = executor.clock()
-        for i, decision in zip(arrived, admission.offer_batch(arrived, opened)):
+        if plan is None or not plan.priced:
+            modes = POLICY_MODES[policy] if plan is None else plan.modes
+            decisions = admission.offer_batch(arrived, modes)
+        else:
+            decisions = admission.offer_priced(arrived, plan, users.deadline)
+        for i, decision in zip(arrived, decisions):
             if decision.admitted:
                 mode[i] = decision.mode
                 pace = float(demands.pace[i, decision.mode - 1])
