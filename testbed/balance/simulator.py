@@ -49,6 +49,8 @@ def random_workload(rng: np.random.Generator, n: int, rate_per_s: float) -> Work
 
 
 PLAN_USERS = 50  # the hybrid plans on this many recent arrivals
+PLAN_MIN_SPAN = 0.5  # ... taken as arriving over at least this many median deadlines, so the
+# first few arrivals are not extrapolated into a flood (0.5 measured best of 0.1, 0.5 and 1)
 POLICY_MODES = {"ad-only": (AD,), "sd-only": (SD,), "hybrid": (AD, SD)}
 
 
@@ -170,9 +172,9 @@ def serve(
         replan = policy == "hybrid" and executor.clock() - planned_at >= replan_s
         if len(arrived) and replan:
             recent = order[max(0, nxt - PLAN_USERS) : nxt]
-            span = max(
+            span = max(  # the window's arrivals came over this time (rate = len / span)
                 executor.clock() - float(work.arrival[recent[0]]),
-                float(np.median(users.deadline[recent])),
+                PLAN_MIN_SPAN * float(np.median(users.deadline[recent])),
             )
             plan = plan_modes(inst, recent, users.deadline, span, POLICY_MODES[policy])
             planned_at = executor.clock()
