@@ -200,14 +200,6 @@ class AdmissionController:
                 decisions[i] = Decision(mode, f"admitted in {MODE_NAMES[mode]}")
         return [decisions[int(i)] for i in users]
 
-    def _load(self, i: int, mode: int) -> float:
-        """User i's demands in mode as shares of what is free (ties between modes)."""
-        col = mode - 1
-        return float(
-            self.inst.compute[i, col] / max(self.free_compute, 1e-12)
-            + self.inst.memory[i, col] / max(self.free_memory, 1e-12)
-        )
-
     def _fits(self, i: int, mode: int) -> bool:
         """Whether user i fits in mode now (the mode's setup too, if it is not open)."""
         col, setup = mode - 1, self.members[mode] == 0
