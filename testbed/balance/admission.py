@@ -81,9 +81,11 @@ class Plan:
     def cost(self, compute: np.ndarray, memory: np.ndarray, deadline: float) -> np.ndarray:
         """A user's priced demand in each mode (columns AD, SD)."""
         hold = deadline / self.span_s
-        finite = np.isfinite(compute) & np.isfinite(memory)
-        c, m = np.where(finite, compute, 0.0), np.where(finite, memory, 0.0)
-        return np.where(finite, (self.price_compute * c + self.price_memory * m) * hold, np.inf)
+        finite = np.isfinite(compute)  # inf: the mode cannot step fast enough for the user
+        c = np.where(finite, compute, 0.0)
+        return np.where(
+            finite, (self.price_compute * c + self.price_memory * memory) * hold, np.inf
+        )
 
 
 def plan_modes(

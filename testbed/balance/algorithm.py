@@ -10,7 +10,7 @@ of the sets), and at least max(OPT - 2, min(OPT, 1)) users (docs/balance.md, The
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import OptimizeResult, linprog
@@ -57,20 +57,11 @@ def prices(inst: Instance, modes: tuple[int, ...]) -> tuple[float, float]:
     user is served only if its demands, priced, cost at most 1 (docs/balance.md, section 4).
     Zero when nothing fits or nothing binds.
     """
-    cols = [m - 1 for m in modes]
-    cap_c = inst.compute_capacity - inst.setup_compute[cols].sum()
-    cap_m = inst.memory_capacity - inst.setup_memory[cols].sum()
-    if cap_c <= 0 or cap_m <= 0 or len(inst) == 0:
+    lp = _open_lp(inst, modes)
+    if lp is None or lp.cap_c <= 0 or lp.cap_m <= 0 or len(lp.users) == 0:
         return 0.0, 0.0
-    comp, mem = inst.compute[:, cols] / cap_c, inst.memory[:, cols] / cap_m
-    fits = (comp <= 1) & (mem <= 1)
-    users = np.flatnonzero(fits.any(axis=1))
-    if len(users) == 0:
-        return 0.0, 0.0
-    ok = fits[users]
-    res = _lp(np.where(ok, comp[users], 0), np.where(ok, mem[users], 0), ok)
-    price_c, price_m = -res.ineqlin.marginals[:2]  # linprog minimises -sum(x)
-    return max(float(price_c), 0.0) / cap_c, max(float(price_m), 0.0) / cap_m
+    price_c, price_m = -lp.solve().ineqlin.marginals[:2]  # linprog minimises -sum(x)
+    return max(float(price_c), 0.0) / lp.cap_c, max(float(price_m), 0.0) / lp.cap_m
 
 
 def _bottleneck(inst: Instance, sched: Schedule) -> float:
@@ -81,27 +72,49 @@ def _bottleneck(inst: Instance, sched: Schedule) -> float:
     )
 
 
-def _solve_open(inst: Instance, modes: tuple[int, ...]) -> np.ndarray:
-    """Round the LP of `inst` with `modes` open (setups paid) and fill greedily."""
+@dataclass(frozen=True)
+class _OpenLP:
+    """The LP relaxation with `cols` open: demands as shares of what the setups leave."""
+
+    cols: list[int]
+    cap_c: float
+    cap_m: float
+    comp: np.ndarray  # n x len(cols)
+    mem: np.ndarray
+    fits: np.ndarray  # whether a user fits alone in each mode
+    users: np.ndarray  # those that fit some mode: the LP's users
+
+    def solve(self) -> OptimizeResult:
+        ok = self.fits[self.users]  # a mode a user cannot fit alone has its variable fixed at 0
+        comp, mem = self.comp[self.users], self.mem[self.users]
+        return _lp(np.where(ok, comp, 0), np.where(ok, mem, 0), ok)
+
+
+def _open_lp(inst: Instance, modes: tuple[int, ...]) -> _OpenLP | None:
+    """The LP of `inst` with `modes` open (setups paid); None when a setup does not fit."""
     cols = [m - 1 for m in modes]
-    cap_c = inst.compute_capacity - inst.setup_compute[cols].sum()
-    cap_m = inst.memory_capacity - inst.setup_memory[cols].sum()
-    assigned = np.zeros(len(inst), dtype=np.int8)
+    cap_c = float(inst.compute_capacity - inst.setup_compute[cols].sum())
+    cap_m = float(inst.memory_capacity - inst.setup_memory[cols].sum())
     if cap_c < 0 or cap_m < 0 or len(inst) == 0:
-        return assigned
+        return None
     comp = inst.compute[:, cols] / cap_c if cap_c > 0 else np.where(inst.compute[:, cols] > 0, 2, 0)
     mem = inst.memory[:, cols] / cap_m if cap_m > 0 else np.where(inst.memory[:, cols] > 0, 2, 0)
     fits = (comp <= 1) & (mem <= 1)
-    users = np.flatnonzero(fits.any(axis=1))
-    if len(users) == 0:
+    return _OpenLP(cols, cap_c, cap_m, comp, mem, fits, np.flatnonzero(fits.any(axis=1)))
+
+
+def _solve_open(inst: Instance, modes: tuple[int, ...]) -> np.ndarray:
+    """Round the LP of `inst` with `modes` open (setups paid) and fill greedily."""
+    assigned = np.zeros(len(inst), dtype=np.int8)
+    lp = _open_lp(inst, modes)
+    if lp is None or len(lp.users) == 0:
         return assigned
-    ok = fits[users]  # a mode a user cannot fit alone has its variable fixed at 0
-    x = _lp_vertex(np.where(ok, comp[users], 0), np.where(ok, mem[users], 0), ok)
+    x = lp.solve().x.reshape(len(lp.cols), len(lp.users)).T
     whole = x >= INTEGRAL
-    for k, col in enumerate(cols):
-        assigned[users[whole[:, k]]] = col + 1
-    _repair(assigned, comp, mem, cols)
-    _fill(assigned, comp, mem, fits, cols)
+    for k, col in enumerate(lp.cols):
+        assigned[lp.users[whole[:, k]]] = col + 1
+    _repair(assigned, lp.comp, lp.mem, lp.cols)
+    _fill(assigned, lp.comp, lp.mem, lp.fits, lp.cols)
     return assigned
 
 
