@@ -205,17 +205,19 @@ SMALL = (
         ("namespaces", "ip netns add tb-erun-dev2"),
         ("mininet", "addHost dev2"),
         ("inventory", "ip netns exec tb-edry-sw iptables-restore"),  # on the middlebox
+        ("inventory-hosts", "root@10.78.6.1 -- 'iptables-restore"),  # on the server itself
     ],
 )
 def test_dry_run_prints_each_lab_kinds_commands(tmp_path, kind, needle):
     args = ["--lab", kind]
-    if kind == "inventory":
+    if kind.startswith("inventory"):
         ns = EmulatedLab.up(
             LabSpec(name="edry", devices=2, subnet="10.78.6.0/24", state_dir=tmp_path / "ns"),
             runner=SystemRunner(dry_run=True, echo=lambda _l: None),
         )
-        args = ["--inventory", str(describe_namespace_lab(ns, ns.inventory_hosts(),
-                                                          tmp_path / "inv.yml"))]  # fmt: skip
+        inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml",
+                                     middlebox=kind == "inventory")  # fmt: skip
+        args = ["--inventory", str(inv)]
     (tmp_path / "small.yaml").write_text(SMALL)
     proc = subprocess.run(
         [*TESTBED, "run", str(tmp_path / "small.yaml"), "--dry-run", *args],
@@ -226,15 +228,17 @@ def test_dry_run_prints_each_lab_kinds_commands(tmp_path, kind, needle):
     text = proc.stdout
     assert needle in text
     makes_hosts = re.search(r"ip netns (add|attach) tb-erun-dev1", text) is not None
-    assert makes_hosts == (kind != "inventory")  # an inventory lab's hosts exist already
-    assert "--physdev-in p-dev2" in text and "agents.sled.device" in text
+    assert makes_hosts == (kind in ("namespaces", "mininet"))  # an inventory's hosts exist
+    held = "--physdev-in p-dev2" if kind != "inventory-hosts" else "-d 10.78.6.3/32 -i eth0"
+    assert held in text and "agents.sled.device" in text
     assert leftovers(LAB) == []
 
 
 def test_same_experiment_on_all_three_lab_kinds(root_netns, tmp_path, tiny_pair):
     """The small experiment on lab kinds `namespaces` and `mininet`, then on kind `inventory`
-    over namespace hosts (described in an inventory file alone): each completes and records
-    every link's requested and measured profile."""
+    over namespace hosts (described in an inventory file alone), with a middlebox and with the
+    hosts impairing their own links: each completes and records every link's requested and
+    measured profile."""
     playbook = tmp_path / "small.yaml"
     playbook.write_text(SMALL)
     outcomes = {
@@ -243,14 +247,19 @@ def test_same_experiment_on_all_three_lab_kinds(root_netns, tmp_path, tiny_pair)
     }
     spec = LabSpec(name="ehosts", devices=2, subnet="10.78.7.0/24", state_dir=tmp_path / "h")
     with EmulatedLab.running(spec) as ns:
-        inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml")
-        outcomes["inventory"] = execute(
-            playbook, out=tmp_path / "inv", inventory=str(inv), say=lambda _m: None
-        )
+        for where, middlebox in (("middlebox", True), ("hosts", False)):
+            inv = describe_namespace_lab(
+                ns, ns.inventory_hosts(), tmp_path / f"{where}.yml", middlebox=middlebox
+            )
+            outcomes[f"inventory/{where}"] = execute(
+                playbook, out=tmp_path / where, inventory=str(inv), say=lambda _m: None
+            )
     for kind, outcome in outcomes.items():
         assert (outcome.done, outcome.failed) == (1, 0), kind
         manifest = json.loads((outcome.store.root / "manifest.json").read_text())
-        assert manifest["lab"]["kind"] == kind
+        assert manifest["lab"]["kind"] == kind.split("/")[0]
+        if kind.startswith("inventory/"):
+            assert manifest["lab"]["impaired_on"] == ("hosts" if kind.endswith("hosts") else "mb")
         (entry,) = RunStore(outcome.store.root).journal()
         assert entry["link"]["requested"]["rtt_ms"] == 40
         probes = entry["link"]["probes"]

@@ -1,8 +1,10 @@
-"""Lab kind `inventory`: a physical lab from an Ansible inventory, links impaired on a middlebox.
+"""Lab kind `inventory`: a physical lab from an Ansible inventory, links impaired on a
+middlebox or on the hosts themselves.
 
-The live test describes a namespace lab's hosts in an inventory file alone (the bridge
-namespace is the middlebox, reached with `ansible_connection: local`), so the code that runs
-is the physical lab's, not the namespace lab's.
+The live tests describe a namespace lab's hosts in an inventory file alone (the bridge
+namespace is the middlebox, reached with `ansible_connection: local`; or no middlebox, each
+host reached over SSH like a Pi), so the code that runs is the physical lab's, not the
+namespace lab's.
 """
 
 from __future__ import annotations
@@ -72,17 +74,29 @@ def test_host_without_a_middlebox_port_is_named(tmp_path):
     mb = InventoryHost(name="mb", role="middlebox", workdir="/tmp", **LOCAL)
     path = tmp_path / "inv.yml"
     path.write_text(yaml.safe_dump(inventory_document([*ns.inventory_hosts(), mb], {})))
-    with pytest.raises(BadInputError, match="host 'server': missing middlebox_port"):
+    with pytest.raises(
+        BadInputError,
+        match="host 'server': middlebox_port: expected the name of the interface of middlebox mb",
+    ):
         InventoryLab.up(LabSpec(name="x", topology=ns.topology, inventory=path))
 
 
-def test_inventory_without_middlebox_or_hosts_is_refused(tmp_path):
+def test_inventory_without_middlebox_needs_each_hosts_link_interface(tmp_path):
+    ns = planned_namespace_lab(tmp_path, Topology.star(1))
+    path = tmp_path / "inv.yml"
+    path.write_text(yaml.safe_dump(inventory_document(ns.inventory_hosts(), {})))
+    with pytest.raises(
+        BadInputError,
+        match=r"host 'server': link_iface: expected the name of "
+        r"its interface on the link \(the inventory has no middlebox\), got None",
+    ):
+        InventoryLab.up(LabSpec(name="x", topology=ns.topology, inventory=path))
+
+
+def test_inventory_without_hosts_of_the_topology_is_refused(tmp_path):
     server = InventoryHost(name="server", role="server", address="h", user="u", workdir="/w",
                            vars={"middlebox_port": "e0"})  # fmt: skip
     path = tmp_path / "inv.yml"
-    path.write_text(yaml.safe_dump(inventory_document([server], {})))
-    with pytest.raises(BadInputError, match="middleboxes: expected one host"):
-        InventoryLab.up(LabSpec(name="x", inventory=path))
     mb = InventoryHost(name="mb", role="middlebox", workdir="/tmp", **LOCAL)
     path.write_text(yaml.safe_dump(inventory_document([server, mb], {})))
     with pytest.raises(BadInputError, match=r"needs host\(s\) \['dev1', 'dev2'\]"):
@@ -147,3 +161,124 @@ def test_lab_impair_command_works_on_an_inventory(tmp_path):
     rules = [line for line in res.output.splitlines() if "iptables" in line]
     assert rules and all("root@192.0.2.9" in line for line in rules)
     assert "p-dev2" in res.output and "p-dev1" not in res.output
+
+
+def test_without_a_middlebox_each_host_impairs_its_own_links(tmp_path):
+    ns = planned_namespace_lab(tmp_path)
+    inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml", middlebox=False)
+    printed: list[str] = []
+    spec = LabSpec(name="adryh", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
+    lab = InventoryLab.up(spec, runner=SystemRunner(dry_run=True, echo=printed.append))
+    assert lab.impaired_on_hosts and lab.describe()["impaired_on"] == "hosts"
+    server, dev1, dev2 = (f"root@{lab.host(n).ip}" for n in ("server", "dev1", "dev2"))
+    apply(lab, LinkProfile(rtt_ms=85, loss=0.1), backend="nfqueue")
+    commands = [line for line in printed if "ssh " in line]
+    assert commands and all("iptables" not in line or "OUTPUT" not in line for line in printed)
+    # up is held on the server's ingress (a queue per device), down on each device's ingress
+    text = "\n".join(printed)
+    assert "-A TB-HOLD -s 10.78.2.2/32 -d 10.78.2.1/32 -i eth0 -j NFQUEUE --queue-num 102" in text
+    assert "-A TB-HOLD -s 10.78.2.3/32 -d 10.78.2.1/32 -i eth0 -j NFQUEUE --queue-num 104" in text
+    assert "-A TB-HOLD -s 10.78.2.1/32 -d 10.78.2.2/32 -i eth0 -j NFQUEUE --queue-num 103" in text
+    starts = [line for line in commands if "setsid" in line]
+    assert [next(h for h in (server, dev1, dev2) if h in line) for line in starts] == [
+        server, dev1, dev2]  # fmt: skip
+    printed.clear()
+    apply(lab, LinkProfile(rtt_ms=85, loss=0.1), backend="netem")
+    netem = [line for line in printed if " netem " in line]
+    # on the sender's egress: the server one class per device, each device one to the server
+    assert sum(server in line for line in netem) == 2
+    assert sum(dev1 in line for line in netem) == sum(dev2 in line for line in netem) == 1
+    assert all("delay 42.5ms loss random 10%" in line for line in netem)
+
+
+def test_hosts_impair_their_own_links_live(namespace_hosts, tmp_path):
+    """Without a middlebox, over SSH to each namespace host: RTT and loss as requested, one
+    device's profile changed alone, its changes logged on the hosts, and all of it removed."""
+    from testbed.netem.api import current, link_changes
+    from testbed.netem.hostside import hosts_have_netem
+
+    ns = namespace_hosts
+    inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml", middlebox=False)
+    spec = LabSpec(name="ainvh", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
+    lab = InventoryLab.up(spec)
+    try:
+        imp = apply(lab, LinkProfile(rtt_ms=40, loss=0.1, seed=5))
+        assert imp.backend == ("netem" if hosts_have_netem(lab) else "nfqueue")
+        probes = probe_links(lab, count=200, interval_ms=5)
+        for r in probes.values():
+            assert r.rtt_ms is not None and abs(r.rtt_ms.p50 - 40) < 1.5, r
+            assert r.loss_up.within and r.loss_down.within, r
+        apply(lab, LinkProfile(rtt_ms=20), devices=["dev2"])
+        probes = probe_links(lab, count=40, interval_ms=5)
+        assert (
+            abs(probes["dev1"].rtt_ms.p50 - 40) < 1.5 and abs(probes["dev2"].rtt_ms.p50 - 20) < 1.5
+        )
+        assert current(lab).profiles["dev1"].loss == 0.1
+        if imp.backend == "nfqueue":
+            logged = {(c["link"], c["direction"], c["delay_us"]) for c in link_changes(lab)}
+            assert {("dev1", "up", 20000), ("dev1", "down", 20000)} <= logged
+            assert {("dev2", "up", 10000), ("dev2", "down", 10000)} <= logged
+    finally:
+        clear(lab)  # checks that no class, rule or holder is left on any host
+        lab.down()
+    probes = probe_links(lab, count=20, interval_ms=5)
+    assert all(r.rtt_ms is not None and r.rtt_ms.p50 < 5 for r in probes.values())
+
+
+def backup_topology(devices: int = 2) -> Topology:
+    """A star on 10 ms Wi-Fi with a 30 ms 5G backup link per device."""
+    topo = Topology.star(devices, LinkProfile(rtt_ms=10))
+    for i in range(1, devices + 1):
+        topo.add_link(f"dev{i}", "server", "5g", LinkProfile(rtt_ms=30), path="backup")
+    return topo
+
+
+def test_a_backup_topology_needs_each_hosts_backup_address(tmp_path):
+    ns = planned_namespace_lab(tmp_path, backup_topology(1))
+    path = tmp_path / "inv.yml"
+    hosts = [h.model_copy(update={"vars": {"link_iface": "eth0"}}) for h in ns.inventory_hosts()]
+    path.write_text(yaml.safe_dump(inventory_document(hosts, {})))
+    with pytest.raises(BadInputError, match="host 'server': backup_ip: expected its address on "):
+        InventoryLab.up(LabSpec(name="x", topology=ns.topology, inventory=path))
+    bad = [h.model_copy(update={"vars": {**h.vars, "backup_ip": "10.1.1.300"}}) for h in hosts]
+    path.write_text(yaml.safe_dump(inventory_document(bad, {})))
+    with pytest.raises(
+        BadInputError, match="backup_ip: expected an IPv4 address, got '10.1.1.300'"
+    ):
+        InventoryLab.up(LabSpec(name="x", topology=ns.topology, inventory=path))
+
+
+@pytest.fixture(scope="module")
+def namespace_hosts_with_backup(tmp_path_factory: pytest.TempPathFactory):
+    require_root_netns()
+    spec = LabSpec(name="abk", topology=backup_topology(), subnet="10.78.4.0/24",
+                   state_dir=tmp_path_factory.mktemp("abk"))  # fmt: skip
+    with EmulatedLab.running(spec) as lab:
+        yield lab
+
+
+@pytest.mark.parametrize("middlebox", [True, False], ids=["middlebox", "hosts"])
+def test_inventory_lab_impairs_its_backup_path(namespace_hosts_with_backup, tmp_path, middlebox):
+    """A physical lab with a backup path declared in its inventory: both paths impaired in one
+    go (through the middlebox, or on the hosts), each measuring as its own profile."""
+    from testbed.lab.backup import backup_profiles, probe_backup
+    from testbed.netem.api import apply_each
+
+    ns = namespace_hosts_with_backup
+    inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml", middlebox)
+    spec = LabSpec(name="abkp", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
+    lab = InventoryLab.up(spec)
+    assert lab.backup_plan is not None and lab.impaired_on_hosts is not middlebox
+    try:
+        wifi = {d.name: ns.topology.link(d.name).profile for d in lab.devices}
+        backup = backup_profiles(lab, list(wifi))
+        assert {p.rtt_ms for p in backup.values()} == {30}
+        imp = apply_each(lab, wifi, backup=backup)
+        assert imp.backup == backup
+        for r in probe_links(lab, count=50, interval_ms=5).values():
+            assert r.rtt_ms is not None and abs(r.rtt_ms.p50 - 10) < 1.5, r
+        for r in probe_backup(lab, backup, count=50, interval_ms=5).values():
+            assert r.received_back == 50 and abs(r.rtt_ms.p50 - 30) < 1.5, r
+    finally:
+        clear(lab)
+        lab.down()

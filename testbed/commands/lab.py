@@ -34,7 +34,9 @@ DryOpt = Annotated[bool, typer.Option("--dry-run", help="Print the actions, do n
 InventoryOpt = Annotated[
     Path | None,
     typer.Option(
-        "--inventory", help="A physical lab's Ansible inventory (links impaired on its middlebox)."
+        "--inventory",
+        help="A physical lab's Ansible inventory (links impaired on its middlebox, or on its hosts "
+        "where it names none).",
     ),
 ]
 DevicesOpt = Annotated[

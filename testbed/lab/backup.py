@@ -60,12 +60,23 @@ def monitor_tag(lab: str) -> str:
 
 
 class PathEnd(BaseModel):
-    """One host's two addresses and namespace, as the monitor needs them."""
+    """One host's two addresses and namespace, as the monitor needs them, and where its backup
+    link is."""
 
     name: str
     netns: str
     primary_ip: str
     backup_ip: str
+    iface: str = Field(BACKUP_IFACE, description="the host's own backup interface")
+    port: str | None = Field(
+        None,
+        description="where its backup link is impaired: a middlebox port or (a lab impaired "
+        "on its hosts) its own interface; None: the backup bridge's `b-<host>`",
+    )
+
+    @property
+    def site_port(self) -> str:
+        return self.port or backup_port(self.name)
 
 
 class BackupPlan(BaseModel):
@@ -176,6 +187,7 @@ class _BackupSite:
     def __init__(self, lab: LinkSite, plan: BackupPlan) -> None:
         self._lab = lab
         self._backup_ip = {end.name: end.backup_ip for end in plan.devices}
+        self._port = {end.name: end.site_port for end in [plan.server, *plan.devices]}
         self.runner = lab.runner
 
     @property
@@ -186,9 +198,13 @@ class _BackupSite:
     def bridge_netns(self) -> str | None:
         return self._lab.bridge_netns
 
+    @property
+    def impaired_on_hosts(self) -> bool:
+        return self._lab.impaired_on_hosts
+
     def _backup(self, h: LabHost) -> LabHost:
         ip = self._backup_ip.get(h.name, h.ip)
-        return h.model_copy(update={"port": backup_port(h.name), "ip": ip})
+        return h.model_copy(update={"port": self._port[h.name], "ip": ip})
 
     @property
     def hosts(self) -> list[LabHost]:
@@ -241,7 +257,8 @@ def backup_profiles(
 
 def backup_ports(lab: LinkSite) -> list[str]:
     """The backup ports of a lab with a backup path (empty otherwise)."""
-    return [backup_port(h.name) for h in lab.hosts] if load_plan(lab) is not None else []
+    plan = load_plan(lab)
+    return [end.site_port for end in [plan.server, *plan.devices]] if plan is not None else []
 
 
 def probe_backup(
@@ -250,16 +267,18 @@ def probe_backup(
     count: int = 200,
     interval_ms: float = 10.0,
 ) -> dict[str, ProbeResult]:
-    """Probe each named device's backup link over its backup interface (`eth1`), against its
-    requested profile, while its traffic may still use the primary path."""
+    """Probe each named device's backup link over its backup interface (`eth1` on a namespace
+    lab), against its requested profile, while its traffic may still use the primary path."""
     from testbed.netem.probe import probe_links
 
-    site = backup_site(lab)
-    groups: dict[str, list[str]] = {}
+    plan = load_plan(lab)
+    site = backup_site(lab, plan)
+    iface = {end.name: end.iface for end in plan.devices} if plan else {}
+    groups: dict[tuple[str, str], list[str]] = {}
     for device, profile in requested.items():
-        groups.setdefault(profile.model_dump_json(), []).append(device)
+        groups.setdefault((profile.model_dump_json(), iface[device]), []).append(device)
     results: dict[str, ProbeResult] = {}
-    for devices in groups.values():
+    for (_, via), devices in groups.items():
         results.update(
             probe_links(
                 site,
@@ -267,7 +286,7 @@ def probe_backup(
                 requested[devices[0]],
                 count=count,
                 interval_ms=interval_ms,
-                via=BACKUP_IFACE,
+                via=via,
             )  # fmt: skip
         )
     return {d: results[d] for d in requested}
@@ -302,6 +321,9 @@ def start_monitor(lab: LinkSite, plan: BackupPlan, python: str = sys.executable)
 def load_plan(lab: LinkSite) -> BackupPlan | None:
     """The backup plan of a lab that has a backup path (None otherwise). A dry run writes no
     plan: a dry-run namespace lab whose topology has backup links gets the one `up` makes."""
+    declared = getattr(lab, "backup_plan", None)  # a physical lab's, from its inventory
+    if isinstance(declared, BackupPlan):
+        return declared
     path = lab.runtime_dir / PLAN_FILE
     if path.exists():
         return BackupPlan.model_validate_json(path.read_text())

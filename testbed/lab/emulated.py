@@ -244,6 +244,10 @@ class EmulatedLab:
         return self.state.bridge_netns
 
     @property
+    def impaired_on_hosts(self) -> bool:
+        return False
+
+    @property
     def controller_ip(self) -> str:
         return self.state.controller_ip
 

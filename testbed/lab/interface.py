@@ -41,6 +41,12 @@ class LinkSite(Protocol):
     def bridge_netns(self) -> str | None: ...
 
     @property
+    def impaired_on_hosts(self) -> bool:
+        """True when there is no forwarding point and each host impairs its own links
+        (testbed.netem.hostside)."""
+        ...
+
+    @property
     def hosts(self) -> list[LabHost]: ...
 
     @property

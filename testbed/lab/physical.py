@@ -1,9 +1,15 @@
 """Lab kind `inventory`: a physical lab whose hosts an Ansible inventory lists.
 
 Nothing is created: the hosts exist (Ansible provisioned them) and are reached over SSH by the
-Fabric layer. Links are impaired on a middlebox the inventory names, a machine every
-device <-> server packet crosses (a Linux router or bridge between the devices' Wi-Fi and the
-server), with the same backends as the namespace lab's bridge namespace:
+Fabric layer. Links are impaired in one of two places:
+- on a middlebox the inventory names, a machine every device <-> server packet crosses (a
+  Linux router or bridge between the devices' Wi-Fi and the server), with the same backends
+  as the namespace lab's bridge namespace (each host's `middlebox_port` is the middlebox
+  interface facing it);
+- without a middlebox, on the hosts themselves (testbed.netem.hostside): each host's
+  `link_iface` is its own interface on the link, and commands run on it over SSH (here when
+  `ansible_connection: local`). A host without sch_netem runs the packet holder, from its
+  `holder_path` (default: this machine's build, right for hosts that share its files).
 
     all:
       children:
@@ -15,13 +21,15 @@ server), with the same backends as the namespace lab's bridge namespace:
             # or `ansible_connection: local` (the controller routes), with `netns: NAME`
             # when the forwarding point is a namespace on it
 
-`middlebox_port` is the middlebox interface that faces the host. Commands for the middlebox
-run over `ssh` (or locally when `ansible_connection: local`), through the lab's SystemRunner,
-so dry runs print them per host.
+Commands run over `ssh` (or locally when `ansible_connection: local`), through a SystemRunner
+per machine, so dry runs print them per host.
 """
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
@@ -30,24 +38,42 @@ import yaml
 
 from testbed.errors import BadInputError, LabError
 from testbed.hosts.inventory import Inventory, InventoryHost, inventory_document, load_inventory
+from testbed.lab import naming
+from testbed.lab.backup import BACKUP_IFACE, BackupPlan, PathEnd, load_plan
 from testbed.lab.interface import LinkSite
 from testbed.lab.spec import LabHost, LabSpec
 from testbed.lab.system import SystemRunner
+from testbed.netem.holder_build import find_holder
 from testbed.netem.profile import LinkProfile
 from testbed.topo.model import Topology
 
 PORT_VAR = "middlebox_port"
+BACKUP_PORT_VAR = "middlebox_backup_port"
+BACKUP_IP_VAR = "backup_ip"
+BACKUP_IFACE_VAR = "backup_iface"
+IFACE_VAR = "link_iface"
+HOLDER_VAR = "holder_path"
 
 
-def middlebox_runner(mb: InventoryHost, base: SystemRunner) -> SystemRunner:
-    """A runner whose commands run on middlebox `mb`: over `ssh`, or here when the inventory
-    says `ansible_connection: local`."""
+SSH_PERSIST_S = 15
+
+
+def host_runner(host: InventoryHost, base: SystemRunner, mux: str | None = None) -> SystemRunner:
+    """A runner whose commands run on `host`: over `ssh`, or here when the inventory says
+    `ansible_connection: local`. Host keys are not pinned, as in `ansible/ansible.cfg` and the
+    Fabric layer: a lab's hosts are re-imaged and re-keyed. With `mux` (a folder for control
+    sockets), commands share one connection per host, kept `SSH_PERSIST_S` after the last."""
     remote: tuple[str, ...] = ()
-    if mb.vars.get("ansible_connection") != "local":
-        argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new"]
-        if mb.key_file:
-            argv += ["-i", str(mb.key_file)]
-        remote = (*argv, "-p", str(mb.port), f"{mb.user}@{mb.address}", "--")
+    if host.vars.get("ansible_connection") != "local":
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o",
+                "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o",
+                "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]  # fmt: skip
+        if mux:
+            argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={mux}/%C",
+                     "-o", f"ControlPersist={SSH_PERSIST_S}"]  # fmt: skip
+        if host.key_file:
+            argv += ["-i", str(host.key_file)]
+        remote = (*argv, "-p", str(host.port), f"{host.user}@{host.address}", "--")
     return SystemRunner(dry_run=base.dry_run, echo=base.echo, remote=remote)
 
 
@@ -64,14 +90,21 @@ class InventoryLab:
     ) -> None:
         self._spec = spec
         self._inventory = inventory
-        if not inventory.middleboxes:
+        if len(inventory.middleboxes) > 1:
             raise BadInputError(
-                f"{inventory.source}: middleboxes: expected one host where links are impaired "
-                "(impairing with tc on the hosts themselves is not supported yet)"
+                f"{inventory.source}: middleboxes: expected at most one host where links are "
+                f"impaired, got {[m.name for m in inventory.middleboxes]}"
             )
-        self.middlebox = inventory.middleboxes[0]
-        self.runner = middlebox_runner(self.middlebox, runner)
-        self._hosts = [self._lab_host(h) for h in self._topology_hosts()]
+        self.middlebox = inventory.middleboxes[0] if inventory.middleboxes else None
+        self.runner = host_runner(self.middlebox, runner) if self.middlebox else runner
+        on_hosts = self._topology_hosts()
+        mux = None if runner.dry_run else str(self.ssh_mux_dir)
+        if mux:
+            self.ssh_mux_dir.mkdir(mode=0o700, exist_ok=True)
+        self._runners = {h.name: host_runner(h, runner, mux) for h in on_hosts}
+        self._holders = {h.name: h.vars.get(HOLDER_VAR) for h in on_hosts}
+        self._hosts = [self._lab_host(h) for h in on_hosts]
+        self.backup_plan = self._backup_plan(on_hosts) if spec.topology.has_backup else None
 
     @classmethod
     def up(
@@ -101,13 +134,20 @@ class InventoryLab:
         order = topo.by_role("server") + topo.by_role("device")
         return [self._inventory.host(h.name) for h in order]
 
-    def _lab_host(self, h: InventoryHost) -> LabHost:
-        port = h.vars.get(PORT_VAR)
-        if not port:
+    def _var(self, h: InventoryHost, var: str, what: str) -> str:
+        value = h.vars.get(var)
+        if not value or not isinstance(value, str):
             raise BadInputError(
-                f"{self._inventory.source}: host {h.name!r}: missing {PORT_VAR} (the "
-                f"interface of middlebox {self.middlebox.name} that faces it)"
+                f"{self._inventory.source}: host {h.name!r}: {var}: expected {what}, got {value!r}"
             )
+        return value
+
+    def _lab_host(self, h: InventoryHost) -> LabHost:
+        if self.middlebox:
+            var, what = PORT_VAR, f"the interface of middlebox {self.middlebox.name} that faces it"
+        else:
+            var, what = IFACE_VAR, "its interface on the link (the inventory has no middlebox)"
+        port = self._var(h, var, f"the name of {what}")
         return LabHost(
             name=h.name,
             role=h.role,
@@ -115,7 +155,37 @@ class InventoryLab:
             ip=h.address,
             netns=h.netns,
             workdir=Path(h.workdir),
-            port=str(port),
+            port=port,
+        )
+
+    def _backup_plan(self, hosts: list[InventoryHost]) -> BackupPlan:
+        """The backup path the inventory declares (for a topology with backup links): each
+        host's `backup_ip` and `backup_iface`, and with a middlebox its `middlebox_backup_port`.
+        Moving traffic between the paths is the lab's own (its routing), not the harness's."""
+        ends = {}
+        for h in hosts:
+            ip = self._var(h, BACKUP_IP_VAR, "its address on the backup path")
+            try:
+                ipaddress.IPv4Address(ip)
+            except ValueError as exc:
+                raise BadInputError(
+                    f"{self._inventory.source}: host {h.name!r}: {BACKUP_IP_VAR}: expected an "
+                    f"IPv4 address, got {ip!r}"
+                ) from exc
+            iface = self._var(h, BACKUP_IFACE_VAR, "the name of its backup interface")
+            port = (
+                self._var(h, BACKUP_PORT_VAR, "the middlebox interface facing its backup link")
+                if self.middlebox
+                else iface
+            )
+            ends[h.name] = PathEnd(name=h.name, netns=h.netns or "", primary_ip=h.address,
+                                   backup_ip=ip, iface=iface, port=port)  # fmt: skip
+        server = self._hosts[0].name
+        return BackupPlan(
+            lab=self.name,
+            subnet=ipaddress.IPv4Network(f"{ends[server].backup_ip}/24", strict=False),
+            server=ends[server],
+            devices=[e for name, e in ends.items() if name != server],
         )
 
     # --- the Lab interface -----------------------------------------------------------------
@@ -134,7 +204,30 @@ class InventoryLab:
 
     @property
     def bridge_netns(self) -> str | None:
-        return self.middlebox.netns
+        return self.middlebox.netns if self.middlebox else None
+
+    @property
+    def ssh_mux_dir(self) -> Path:
+        """The control sockets of this lab's SSH connections: a short path (a socket's is at
+        most 108 bytes), one per lab state folder."""
+        digest = hashlib.sha1(str(self.runtime_dir).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"tb-ssh-{digest}"
+
+    @property
+    def impaired_on_hosts(self) -> bool:
+        return self.middlebox is None
+
+    def host_runner(self, name: str) -> SystemRunner:
+        """Runs commands on host `name` (over SSH, or here)."""
+        return self._runners[self.host(name).name]
+
+    def holder_binary(self, name: str) -> str:
+        """The packet holder's path on host `name`: its `holder_path`, else this machine's
+        build."""
+        given = self._holders[self.host(name).name]
+        if given:
+            return str(given)
+        return "tb-holder" if self.runner.dry_run else find_holder().argv[0]
 
     @property
     def hosts(self) -> list[LabHost]:
@@ -166,7 +259,7 @@ class InventoryLab:
             "kind": self.kind,
             "name": self.name,
             "inventory": self._inventory.source,
-            "middlebox": self.middlebox.name,
+            "impaired_on": self.middlebox.name if self.middlebox else "hosts",
             "topology": self.topology.name,
             "devices": len(self.devices),
             "classes": self.topology.class_counts(),
@@ -176,15 +269,41 @@ class InventoryLab:
         """Nothing to remove on the hosts; drops the controller-side runtime state."""
         if not keep_files:
             self.runner.remove_tree(self.runtime_dir)
+        self.runner.remove_tree(self.ssh_mux_dir)  # idle connections close on their own
         return []
 
 
-def describe_namespace_lab(lab: LinkSite, hosts: list[InventoryHost], path: Path) -> Path:
-    """Write an inventory of a namespace lab's `hosts` for kind `inventory`: each host with
-    its `middlebox_port`, and the lab's bridge namespace as a local middlebox. The physical
-    code path then runs against the namespace hosts (how it is tested on one machine)."""
+def describe_namespace_lab(
+    lab: LinkSite, hosts: list[InventoryHost], path: Path, middlebox: bool = True
+) -> Path:
+    """Write an inventory of a namespace lab's `hosts` for kind `inventory`. With `middlebox`:
+    each host with its `middlebox_port`, and the lab's bridge namespace as a local middlebox;
+    without: each host with its own `link_iface`, reached over SSH like a Pi. The physical code
+    path then runs against the namespace hosts (how it is tested on one machine)."""
+    plan = load_plan(lab)
+    ends = {e.name: e for e in [plan.server, *plan.devices]} if plan else {}
+
+    def backup_vars(name: str) -> dict[str, str]:
+        end = ends.get(name)
+        if end is None:
+            return {}
+        out = {BACKUP_IP_VAR: end.backup_ip, BACKUP_IFACE_VAR: BACKUP_IFACE}
+        return out | ({BACKUP_PORT_VAR: end.site_port} if middlebox else {})
+
+    if not middlebox:
+        on_hosts = [
+            h.model_copy(
+                update={"vars": {**h.vars, IFACE_VAR: naming.HOST_IFACE, **backup_vars(h.name)}}
+            )
+            for h in hosts
+        ]
+        path.write_text(yaml.safe_dump(inventory_document(on_hosts, {})))
+        return path
     marked = [
-        h.model_copy(update={"vars": {**h.vars, PORT_VAR: lab.host(h.name).port}}) for h in hosts
+        h.model_copy(
+            update={"vars": {**h.vars, PORT_VAR: lab.host(h.name).port, **backup_vars(h.name)}}
+        )
+        for h in hosts
     ]
     middlebox = InventoryHost(
         name="mb",

@@ -29,8 +29,11 @@ from testbed.lab.backup import load_plan
 from testbed.lab.interface import LinkSite
 from testbed.lab.spec import LabHost
 from testbed.lab.system import SystemRunner
+from testbed.netem import hostside
 from testbed.netem.detect import BackendName, choose_backend
+from testbed.netem.hostside import HostSideBackend
 from testbed.netem.nfqueue import NfqueueBackend
+from testbed.netem.nfqueue import link_changes as forwarding_changes
 from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
 from testbed.netem.tcnetem import TcNetemBackend
 from testbed.results.atomic import atomic_write_text
@@ -76,10 +79,18 @@ class Backend(Protocol):
     def verify_clear(self, lab: LinkSite) -> None: ...
 
 
-def make_backend(name: str, runner: SystemRunner) -> Backend:
+def make_backend(name: BackendName, runner: SystemRunner, lab: LinkSite) -> Backend:
+    """Backend `name` at `lab`'s forwarding point, or on its hosts where it has none."""
+    if lab.impaired_on_hosts:
+        return HostSideBackend(name, runner)
     if name == "netem":
         return TcNetemBackend(runner)
     return NfqueueBackend(runner)
+
+
+def link_changes(lab: LinkSite) -> list[dict[str, object]]:
+    """Every profile change the packet holder(s) of `lab` applied, oldest first."""
+    return hostside.link_changes(lab) if lab.impaired_on_hosts else forwarding_changes(lab)
 
 
 def _state_path(lab: LinkSite) -> Path:
@@ -154,7 +165,8 @@ def apply_each(
     if was is not None and backend == "auto":
         name, reason = was.backend, was.reason
     else:
-        name, reason = choose_backend(backend, runner)
+        probe = (lambda: hostside.hosts_have_netem(lab)) if lab.impaired_on_hosts else None
+        name, reason = choose_backend(backend, runner, probe)
     return _set_profiles(lab, was, (merged, merged_backup), name, reason, runner)
 
 
@@ -176,7 +188,7 @@ def clear(
         if keep or keep_backup:
             links = (keep, keep_backup)
             return _set_profiles(lab, was, links, was.backend, was.reason, runner)
-    impl = make_backend(was.backend, runner)
+    impl = make_backend(was.backend, runner, lab)
     impl.clear(lab, was.backend_state)
     impl.verify_clear(lab)
     if not runner.dry_run:
@@ -193,7 +205,8 @@ def verify(lab: LinkSite, runner: SystemRunner | None = None) -> Impairment | No
     runner = runner or lab.runner
     imp = current(lab)
     if imp is not None:
-        make_backend(imp.backend, runner).verify(lab, imp.profiles, imp.backend_state, imp.backup)
+        impl = make_backend(imp.backend, runner, lab)
+        impl.verify(lab, imp.profiles, imp.backend_state, imp.backup)
     return imp
 
 
@@ -209,8 +222,8 @@ def _set_profiles(
     backend `name`, then verify it."""
     profiles, backup = ({k: v for k, v in d.items() if not v.is_null} for d in links)
     if was is not None and was.backend != name:
-        make_backend(was.backend, runner).clear(lab, was.backend_state)
-    impl = make_backend(name, runner)
+        make_backend(was.backend, runner, lab).clear(lab, was.backend_state)
+    impl = make_backend(name, runner, lab)
     try:
         state = impl.apply(lab, profiles, backup)
         impl.verify(lab, profiles, state, backup)

@@ -74,17 +74,22 @@ def holder_spec(
     devices: list[tuple[int, LabHost]],
     profiles: dict[str, LinkProfile],
     backup: dict[str, LinkProfile] | None = None,
+    only: set[int] | None = None,
 ) -> str:
     """The holder's spec file (format in holder.c): each queue and the phases it steps through;
-    `profiles` are the devices' primary links, `backup` their backup links."""
+    `profiles` are the devices' primary links, `backup` their backup links; `only`: just
+    these queues (a holder on a host holds one direction of its links)."""
     lines = [f"generation {generation}"]
     for path, path_profiles in (("primary", profiles), ("backup", backup or {})):
-        lines += _queue_lines(devices, path_profiles, path)  # type: ignore[arg-type]
+        lines += _queue_lines(devices, path_profiles, path, only)  # type: ignore[arg-type]
     return "\n".join(lines) + "\n"
 
 
 def _queue_lines(
-    devices: list[tuple[int, LabHost]], profiles: dict[str, LinkProfile], path: PathKind
+    devices: list[tuple[int, LabHost]],
+    profiles: dict[str, LinkProfile],
+    path: PathKind,
+    only: set[int] | None = None,
 ) -> list[str]:
     lines = []
     for index, dev in devices:
@@ -95,6 +100,8 @@ def _queue_lines(
         seed = 0 if prof.seed is None else prof.seed + 1
         label = link_label(dev.name, path)
         for direction, queue in zip(("up", "down"), queue_numbers(index, path), strict=True):
+            if only is not None and queue not in only:
+                continue
             lines.append(f"queue {queue} {prof.queue_limit} {seed} {label} {direction}")
             for ph in phases:
                 ge = ph.profile.gilbert_elliott(direction)  # type: ignore[arg-type]

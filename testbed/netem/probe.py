@@ -192,6 +192,8 @@ def probe_packets(
     requested = requested if requested is not None else _requested(lab, dev.name)
     port = BASE_PORT + lab.devices.index(dev)
     tag = ["--tag", f"{naming.netns_prefix(lab.name)}probe", "--rt-prio", PROBE_RT_PRIO]
+    if lab.impaired_on_hosts:  # held after the kernel stamps arrival (udp_probe's docstring)
+        tag.append("--user-rx")
     echo = runner.spawn(
         [sys.executable, SCRIPT, "echo", "--bind", lab.server.ip, "--port", port, *tag],
         netns=lab.server.netns,

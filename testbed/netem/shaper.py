@@ -70,9 +70,17 @@ def htb_commands(
     leaf: Leaf | None = None,
 ) -> tuple[list[list[str]], list[str]]:
     """(tc argv lists, ports touched) that set up classes (and leaves) for `profiles`."""
+    return flow_commands(flows(server, devices), profiles, leaf)
+
+
+def flow_commands(
+    shaped: list[ShapedFlow], profiles: dict[str, LinkProfile], leaf: Leaf | None = None
+) -> tuple[list[list[str]], list[str]]:
+    """(tc argv lists, ports touched) that give each of `shaped` (a device's profile in
+    `profiles`) an HTB class with its rate and, from `leaf`, a leaf qdisc."""
     cmds: list[list[str]] = []
     rooted: list[str] = []
-    for flow in flows(server, devices):
+    for flow in shaped:
         prof = profiles.get(flow.device)
         if prof is None:
             continue

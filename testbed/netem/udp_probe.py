@@ -15,6 +15,10 @@ timestamp of the datagram (SO_TIMESTAMPING, software; the user-space send time w
 gives none) to the kernel receive timestamp (SO_TIMESTAMPNS) of its echo, less the responder's
 turnaround (its own kernel receive timestamp to just before it echoes). So how soon a busy CPU
 schedules the sender or the responder is not counted as link delay.
+
+`--user-rx` (both ends) takes receive times in user space instead: where packets are held on
+the receiving host's ingress (a lab impaired on its hosts), the kernel stamps them on arrival,
+before the hold, so its timestamps would leave the hold out.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ def echo(args: argparse.Namespace) -> int:
         if not ready:
             continue
         data, anc, _, addr = sock.recvmsg(65536, 256)
-        rx = _recv_time(anc)
+        rx = _recv_time(anc, args.user_rx)
         if len(data) < HEADER.size:
             continue
         kind, seq, tx, _ = HEADER.unpack_from(data)
@@ -85,8 +89,9 @@ def echo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _recv_time(anc: list[tuple[int, int, bytes]]) -> int:
-    for level, kind, payload in anc:
+def _recv_time(anc: list[tuple[int, int, bytes]], user: bool = False) -> int:
+    """The kernel receive timestamp in `anc`; the time now when `user` or when it has none."""
+    for level, kind, payload in anc if not user else ():
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
             sec, nsec = struct.unpack("qq", payload[:16])
             if sec:
@@ -146,7 +151,7 @@ def send(args: argparse.Namespace) -> int:
                 data, anc, _, _ = sock.recvmsg(65536, 256)
             except BlockingIOError:
                 return
-            rx = _recv_time(anc)
+            rx = _recv_time(anc, args.user_rx)
             if len(data) < HEADER.size:
                 continue
             kind, seq, tx, turnaround = HEADER.unpack_from(data)
@@ -217,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--rt-prio", type=int, default=0)
     s.add_argument("--via", default=None, help="send over this interface (SO_BINDTODEVICE)")
     s.add_argument("--src", default=None, help="send from this address")
+    for p in (e, s):
+        p.add_argument("--user-rx", action="store_true", help="user-space receive times")
     args = ap.parse_args(argv)
     set_realtime(args.rt_prio)
     return echo(args) if args.mode == "echo" else send(args)

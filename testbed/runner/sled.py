@@ -30,8 +30,7 @@ from testbed.lab.backup import backup_profiles, failover_log, probe_backup, read
 from testbed.lab.interface import Lab
 from testbed.metrics.clocks import measure_offset
 from testbed.metrics.cost import load_cost_table
-from testbed.netem.api import apply_each, clear
-from testbed.netem.nfqueue import link_changes
+from testbed.netem.api import apply_each, clear, link_changes
 from testbed.netem.probe import probe_links
 from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
 from testbed.results.atomic import atomic_write_json

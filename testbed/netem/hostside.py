@@ -1,0 +1,493 @@
+"""Impairment on the hosts themselves: an inventory lab without a middlebox.
+
+Each direction of a device link is impaired on one of its two ends, through that host's own
+runner (over SSH; here for `ansible_connection: local`), on the interface the inventory names
+for the link (`link_iface`):
+- `netem` (kernels with sch_netem, such as Pi OS and Ubuntu): on the sender's egress, one HTB
+  class per peer with a netem leaf, as on a middlebox port. Up is impaired on the device (its
+  class to the server), down on the server (one class per device).
+- `nfqueue` (kernels without it): on the receiver's ingress, never on the sender's OUTPUT
+  chain (that collapses TCP). A mangle PREROUTING chain queues the peer's packets to a packet
+  holder on that host. Up is held on the server (one queue per device), down on each device.
+  Rate limits stay HTB classes on the sender's egress.
+Only device <-> server packets are classified (both addresses in every match), so the
+controller's SSH is never impaired. Each host keeps its holder's spec, pid, log and profile
+changes in `<workdir>/impair/`; every file operation goes through the host's runner, so the
+same code drives a Pi over SSH and a namespace host.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any, Literal, Protocol, TypeVar, cast
+
+from testbed.errors import ImpairmentError
+from testbed.lab.backup import load_plan, path_site
+from testbed.lab.interface import LinkSite
+from testbed.lab.spec import LabHost
+from testbed.lab.system import SystemRunner
+from testbed.netem.detect import BackendName, netem_available
+from testbed.netem.nfqueue import (
+    CHANGES_FILE,
+    HOLDER_READY_TIMEOUT_S,
+    HOLDER_RT_PRIO,
+    SPEC_FILE,
+    holder_spec,
+    holder_tag,
+    needs_holder,
+    queue_numbers,
+)
+from testbed.netem.paths import impaired_paths
+from testbed.netem.profile import LinkProfile
+from testbed.netem.shaper import ShapedFlow, flow_commands, indexed_devices
+from testbed.netem.tcnetem import netem_args
+from testbed.topo.model import PathKind
+
+HOLD_CHAIN = "TB-HOLD"
+IMPAIR_DIR = "impair"
+POLL_S = 0.05
+PARALLEL_HOSTS = 8
+_T, _R = TypeVar("_T"), TypeVar("_R")
+NETEM_PROBE = (
+    "test -d /sys/module/sch_netem || modprobe -q sch_netem "
+    "|| grep -qs sch_netem /lib/modules/$(uname -r)/modules.builtin"
+)
+
+
+class HostSite(LinkSite, Protocol):
+    """A lab whose links are impaired on its hosts: a runner per host and the holder there."""
+
+    def host_runner(self, name: str) -> SystemRunner:
+        """Runs commands on host `name`."""
+        ...
+
+    def holder_binary(self, name: str) -> str:
+        """The packet holder's path on host `name`."""
+        ...
+
+
+def host_site(lab: LinkSite) -> HostSite:
+    """`lab` as a lab impaired on its hosts; ImpairmentError if it has a forwarding point."""
+    if not lab.impaired_on_hosts:
+        raise ImpairmentError(f"lab {lab.name} impairs its links at a forwarding point")
+    return cast(HostSite, lab)
+
+
+def hosts_have_netem(lab: LinkSite) -> bool:
+    """Whether every host's kernel has sch_netem (loaded, loadable or built in); a dry run
+    guesses from this machine's modules, as it touches no host."""
+    site = host_site(lab)
+    if site.runner.dry_run:
+        return netem_available(site.runner)
+    return all(
+        site.host_runner(h.name).run(["sh", "-c", NETEM_PROBE], query=True, check=False).ok
+        for h in site.hosts
+    )
+
+
+CLASS_BASE: dict[PathKind, int] = {"primary": 0x100, "backup": 0x200}
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One direction of a device link on one path: its sender and receiver (their ends on
+    that path), its profile and its holder queue."""
+
+    device: str
+    index: int  # the device's 1-based index in the lab
+    path: PathKind
+    direction: Literal["up", "down"]
+    sender: LabHost
+    receiver: LabHost
+    profile: LinkProfile
+
+    @property
+    def queue(self) -> int:
+        up, down = queue_numbers(self.index, self.path)
+        return up if self.direction == "up" else down
+
+    @property
+    def flow(self) -> ShapedFlow:
+        """Its HTB class on the sender's egress."""
+        match = ("match", "ip", "src", f"{self.sender.ip}/32")
+        match += ("match", "ip", "dst", f"{self.receiver.ip}/32")
+        classid = f"1:{CLASS_BASE[self.path] + self.index:x}"
+        return ShapedFlow(self.device, self.direction, self.sender.port, classid, match)
+
+    def rule(self) -> list[str]:
+        """Its queue rule on the receiver's ingress (iptables-restore words)."""
+        src, dst = f"{self.sender.ip}/32", f"{self.receiver.ip}/32"
+        return ["-A", HOLD_CHAIN, "-s", src, "-d", dst, "-i", self.receiver.port,
+                "-j", "NFQUEUE", "--queue-num", str(self.queue)]  # fmt: skip
+
+
+def plan_hops(
+    lab: LinkSite, profiles: dict[str, LinkProfile], backup: dict[str, LinkProfile] | None = None
+) -> list[Hop]:
+    """Both directions of every device link that has a profile, on the primary path
+    (`profiles`) and on the backup path (`backup`)."""
+    hops = []
+    for p in impaired_paths(lab, profiles, backup):
+        server = p.site.server
+        for index, dev in p.devices:
+            prof = p.profiles.get(dev.name)
+            if prof is not None:
+                hops.append(Hop(dev.name, index, p.path, "up", dev, server, prof))
+                hops.append(Hop(dev.name, index, p.path, "down", server, dev, prof))
+    return hops
+
+
+@dataclass(frozen=True)
+class HostPart:
+    """What one host does for the impairment: its egress classes and its ingress holding."""
+
+    host: LabHost
+    ports: list[str]  # its interfaces on both paths (cleared before a new apply)
+    egress: list[Hop]  # with an HTB class here (netem leaf, or a rate)
+    ingress: list[Hop]  # held here (nfqueue only)
+
+
+def host_parts(
+    lab: LinkSite,
+    profiles: dict[str, LinkProfile],
+    backend: BackendName,
+    backup: dict[str, LinkProfile] | None = None,
+) -> list[HostPart]:
+    """Every host's part (a host with no link to impair has empty lists)."""
+    hops = plan_hops(lab, profiles, backup)
+    backup_ports = (
+        {h.name: h.port for h in path_site(lab, "backup").hosts} if load_plan(lab) else {}
+    )
+    parts = []
+    for host in lab.hosts:
+        egress = [
+            h
+            for h in hops
+            if h.sender.name == host.name
+            and (backend == "netem" or h.profile.rate_mbit is not None)
+        ]
+        ingress = [
+            h
+            for h in hops
+            if backend == "nfqueue" and h.receiver.name == host.name and needs_holder(h.profile)
+        ]
+        ports = list(dict.fromkeys([host.port, *filter(None, [backup_ports.get(host.name)])]))
+        parts.append(HostPart(host, ports, egress, ingress))
+    return parts
+
+
+def egress_commands(hops: list[Hop], leaf: Any) -> list[list[str]]:
+    """tc commands for the HTB classes (and leaves) of `hops`, path by path (one profile per
+    device and path)."""
+    cmds: list[list[str]] = []
+    for path in CLASS_BASE:
+        on_path = [h for h in hops if h.path == path]
+        more, _ = flow_commands([h.flow for h in on_path], {h.device: h.profile for h in on_path},
+                                leaf)  # fmt: skip
+        cmds += [
+            argv for argv in more if argv[:3] != ["tc", "qdisc", "replace"] or argv not in cmds
+        ]
+    return cmds
+
+
+class HostHolder:
+    """The packet holder on one host, driven only through that host's runner."""
+
+    def __init__(self, site: HostSite, host: LabHost) -> None:
+        self.runner = site.host_runner(host.name)
+        self.binary = site.holder_binary(host.name)
+        self.tag = f"{holder_tag(site.name)}-{host.name}"
+        self.dir = PurePosixPath(str(host.workdir)) / IMPAIR_DIR
+        self.spec, self.pid_file = self.dir / SPEC_FILE, self.dir / "holder.pid"
+        self.ack, self.out = self.dir / f"{SPEC_FILE}.ack", self.dir / "holder.out"
+        self.log, self.changes = self.dir / "holder.log", self.dir / CHANGES_FILE
+
+    def _sh(self, script: str, *, query: bool = False, input: str | None = None) -> str:
+        res = self.runner.run(["sh", "-c", script], query=query, input=input, check=not query,
+                              error=ImpairmentError)  # fmt: skip
+        return res.stdout if res.ok else ""
+
+    def _read(self, path: PurePosixPath) -> str:
+        if self.runner.dry_run:  # nothing was written, and the host may not exist yet
+            return ""
+        return self._sh(f"cat {shlex.quote(str(path))} 2>/dev/null || true", query=True)
+
+    def pid(self) -> int | None:
+        """The running holder's pid (checked by its tag, not only by its number), or None."""
+        if self.runner.dry_run:
+            return None
+        pid_file, tag = shlex.quote(str(self.pid_file)), shlex.quote(f"--tag {self.tag} ")
+        text = self._sh(
+            f"p=$(cat {pid_file} 2>/dev/null) && tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null "
+            f"| grep -qF -- {tag} && echo $p || true",
+            query=True,
+        ).strip()
+        return int(text) if text.isdigit() else None
+
+    def generation(self) -> int:
+        words = self._read(self.spec).split()
+        return int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
+
+    def load(self, spec: str) -> int | None:
+        """Run the holder on `spec`: reload the running one (SIGHUP), else start one; its pid
+        (None in dry-run). ImpairmentError with the holder's log when it does not answer."""
+        d, ack, path = (shlex.quote(str(p)) for p in (self.dir, self.ack, self.spec))
+        self._sh(f"mkdir -p {d} && rm -f {ack} && cat > {path}.tmp && mv {path}.tmp {path}",
+                 input=spec)  # fmt: skip
+        pid = self.pid()
+        if pid is not None:
+            self.runner.run(["kill", "-HUP", str(pid)], error=ImpairmentError)
+            want = spec.split()[1]
+            if not self._wait(lambda: self._read(self.ack).split()[:1] == [want]):
+                raise ImpairmentError(self._failure("reload (no answer)"))
+            if self._read(self.ack).split()[1:] != ["ok"]:
+                raise ImpairmentError(self._failure("reload"))
+            return pid
+        argv = [self.binary, "--tag", self.tag, "--rt-prio", str(HOLDER_RT_PRIO),
+                "--log", str(self.changes), str(self.spec)]  # fmt: skip
+        out, log, pid_file = (shlex.quote(str(p)) for p in (self.out, self.log, self.pid_file))
+        started = self._sh(
+            f"rm -f {out}; setsid {shlex.join(argv)} > {out} 2>> {log} < /dev/null "
+            f"& echo $! > {pid_file}; cat {pid_file}"
+        ).strip()
+        if self.runner.dry_run:
+            return None
+        if not self._wait(lambda: self._read(self.out).strip() == "ready"):
+            self.stop()
+            raise ImpairmentError(self._failure("start"))
+        return int(started)
+
+    def _wait(self, ready: Any) -> bool:
+        deadline = time.monotonic() + HOLDER_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if ready():
+                return True
+            time.sleep(POLL_S)
+        return False
+
+    def _failure(self, what: str) -> str:
+        tail = self._read(self.log)[-500:].strip()
+        return f"packet holder {what} failed on {self.tag} ({self.binary}): {tail}"
+
+    def stop(self) -> None:
+        """Stop the holder (it releases what it holds) and wait until it is gone."""
+        pid = self.pid()
+        if pid is None:
+            return
+        self.runner.run(["kill", "-TERM", str(pid)], check=False, error=ImpairmentError)
+        if not self.runner.dry_run and not self._wait(lambda: self.pid() is None):
+            self.runner.run(["kill", "-KILL", str(pid)], check=False, error=ImpairmentError)
+        self._sh(f"rm -f {shlex.quote(str(self.pid_file))}")
+
+    def link_changes(self) -> list[dict[str, Any]]:
+        """The profile changes this holder logged (see nfqueue.link_changes)."""
+        out = []
+        for line in self._read(self.changes).splitlines():
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ImpairmentError(
+                        f"{self.tag}: {self.changes}: expected one JSON object a line, got "
+                        f"{line[:80]!r}: {exc}"
+                    ) from exc
+        return out
+
+
+def _restore_text(ingress: list[Hop]) -> str:
+    lines = ["*mangle", f":{HOLD_CHAIN} - [0:0]", *(" ".join(h.rule()) for h in ingress)]
+    return "\n".join([*lines, "COMMIT", ""])
+
+
+class HostSideBackend:
+    """Either backend (`netem` or `nfqueue`) applied on the hosts of a `HostSite`."""
+
+    def __init__(self, name: BackendName, runner: SystemRunner) -> None:
+        self.name = name
+        self.runner = runner
+
+    def _leaf(self) -> Any:
+        return netem_args if self.name == "netem" else None
+
+    def apply(
+        self,
+        site: LinkSite,
+        profiles: dict[str, LinkProfile],
+        backup: dict[str, LinkProfile] | None = None,
+    ) -> dict[str, Any]:
+        """Replace the impairment on every host by `profiles` (primary links) and `backup`
+        (backup links); returns backend state."""
+        lab = host_site(site)
+        every = indexed_devices(lab, profiles)
+
+        def apply_host(part: HostPart) -> int | None:
+            runner = lab.host_runner(part.host.name)
+            self._reset_egress(runner, part.ports)
+            for argv in egress_commands(part.egress, self._leaf()):
+                runner.run(argv, error=ImpairmentError)
+            return self._hold(lab, part, every) if self.name == "nfqueue" else None
+
+        parts = host_parts(lab, profiles, self.name, backup)
+        pids = self._each(apply_host, parts)
+        holders = {part.host.name: pid for part, pid in zip(parts, pids, strict=True)}
+        return {"at": "hosts", "holder": "c" if any(pids) else None, "holders": holders}
+
+    def _each(self, work: Callable[[_T], _R], items: list[_T]) -> list[_R]:
+        """`work` on every host's item, hosts in parallel (in order in a dry run, so that its
+        commands print host by host); the first error is raised after all have finished."""
+        if self.runner.dry_run:
+            return [work(item) for item in items]
+        with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL_HOSTS, len(items)))) as pool:
+            futures = [pool.submit(work, item) for item in items]
+            wait(futures)
+        return [f.result() for f in futures]
+
+    def _hold(self, lab: HostSite, part: HostPart, every: list[tuple[int, LabHost]]) -> int | None:
+        """Ingress rules and the holder of one host (`every`: the lab's indexed devices)."""
+        runner, holder = lab.host_runner(part.host.name), HostHolder(lab, part.host)
+        probe = ["iptables", "-w", "5", "-t", "mangle", "-C", "PREROUTING", "-j", HOLD_CHAIN]
+        if runner.dry_run or not runner.run(probe, query=True, check=False).ok:
+            runner.run(["iptables", "-w", "5", "-t", "mangle", "-N", HOLD_CHAIN], check=False,
+                       error=ImpairmentError)  # fmt: skip
+            runner.run(["iptables", "-w", "5", "-t", "mangle", "-A", "PREROUTING", "-j",
+                        HOLD_CHAIN], error=ImpairmentError)  # fmt: skip
+        rules = ["iptables-restore", "--wait=5", "--noflush"]
+        if not part.ingress:  # rules go before the holder: a queue without one drops
+            runner.run(rules, input=_restore_text([]), error=ImpairmentError)
+            holder.stop()
+            return None
+        held = {path: {h.device: h.profile for h in part.ingress if h.path == path}
+                for path in CLASS_BASE}  # fmt: skip
+        spec = holder_spec(holder.generation() + 1, every, held["primary"], held["backup"],
+                           only={h.queue for h in part.ingress})  # fmt: skip
+        pid = holder.load(spec)  # the holder binds its queues before the rules fill them
+        runner.run(rules, input=_restore_text(part.ingress), error=ImpairmentError)
+        return pid
+
+    def _reset_egress(self, runner: SystemRunner, ports: list[str]) -> None:
+        """Remove our HTB roots from a host's link interfaces (not anyone else's qdisc)."""
+        for port in ports:
+            if runner.dry_run or _has_our_root(runner, port):
+                runner.run(["tc", "qdisc", "del", "dev", port, "root"], check=False,
+                           error=ImpairmentError)  # fmt: skip
+
+    def clear(self, site: LinkSite, state: dict[str, Any]) -> None:
+        """Remove every class, rule and holder on every host."""
+        lab = host_site(site)
+
+        def clear_host(part: HostPart) -> None:
+            runner = lab.host_runner(part.host.name)
+            self._reset_egress(runner, part.ports)
+            runner.run(["iptables", "-w", "5", "-t", "mangle", "-F", HOLD_CHAIN], check=False,
+                       error=ImpairmentError)  # fmt: skip
+            HostHolder(lab, part.host).stop()
+
+        self._each(clear_host, host_parts(lab, {}, self.name))
+
+    def verify(
+        self,
+        site: LinkSite,
+        profiles: dict[str, LinkProfile],
+        state: dict[str, Any],
+        backup: dict[str, LinkProfile] | None = None,
+    ) -> None:
+        """Raise ImpairmentError unless every host's classes, leaves, rules and holder are in
+        place (both paths)."""
+        if self.runner.dry_run:
+            return
+        lab = host_site(site)
+        parts = host_parts(lab, profiles, self.name, backup)
+        found = self._each(lambda part: self._host_problems(lab, part), parts)
+        problems = [
+            f"{part.host.name}: {p}" for part, ps in zip(parts, found, strict=True) for p in ps
+        ]
+        if problems:
+            raise ImpairmentError(
+                f"impairment on the hosts of lab {lab.name} not in place: " + "; ".join(problems)
+            )
+
+    def _host_problems(self, lab: HostSite, part: HostPart) -> list[str]:
+        runner, problems = lab.host_runner(part.host.name), []
+        for hop in part.egress:
+            flow = hop.flow
+            out = runner.run(["tc", "class", "show", "dev", flow.port, "classid", flow.classid],
+                             query=True, check=False).stdout  # fmt: skip
+            if "htb" not in out:
+                problems.append(f"class {flow.classid} on {flow.port} ({hop.device} {hop.path} "
+                                f"{hop.direction}) missing")  # fmt: skip
+        if self.name == "netem":
+            for port in part.ports:
+                want = sum(h.flow.port == port for h in part.egress)
+                got = _netem_count(runner, port)
+                if got != want:
+                    problems.append(f"{port}: {got} netem qdisc(s), expected {want}")
+            return problems
+        saved = [line.split() for line in _saved_rules(runner)]
+        for hop in part.ingress:
+            if hop.rule() not in saved:
+                problems.append(f"missing rule: {' '.join(hop.rule())}")
+        if len(saved) != len(part.ingress):
+            problems.append(f"{len(saved)} rule(s) in {HOLD_CHAIN}, expected {len(part.ingress)}")
+        if part.ingress:
+            if HostHolder(lab, part.host).pid() is None:
+                problems.append("packet holder is not running")
+            missing = sorted({h.queue for h in part.ingress} - _bound_queues(runner))
+            if missing:
+                problems.append(f"no holder bound to queue(s) {missing}")
+        return problems
+
+    def verify_clear(self, site: LinkSite) -> None:
+        if self.runner.dry_run:
+            return
+        lab = host_site(site)
+
+        def left_on(part: HostPart) -> list[str]:
+            runner, left = lab.host_runner(part.host.name), []
+            for port in part.ports:
+                if _has_our_root(runner, port) or _netem_count(runner, port):
+                    left.append(f"{part.host.name}: qdisc on {port}")
+            if _saved_rules(runner):
+                left.append(f"{part.host.name}: rules in {HOLD_CHAIN}")
+            if HostHolder(lab, part.host).pid() is not None:
+                left.append(f"{part.host.name}: packet holder still running")
+            return left
+
+        left = [x for found in self._each(left_on, host_parts(lab, {}, self.name)) for x in found]
+        if left:
+            raise ImpairmentError(f"left after clear: {', '.join(left)}")
+
+
+def link_changes(site: LinkSite) -> list[dict[str, Any]]:
+    """Every profile change the holders on the hosts applied, oldest first."""
+    lab = host_site(site)
+    changes = [c for host in lab.hosts for c in HostHolder(lab, host).link_changes()]
+    return sorted(changes, key=lambda c: float(c.get("at", 0.0)))
+
+
+def _has_our_root(runner: SystemRunner, port: str) -> bool:
+    out = runner.run(["tc", "qdisc", "show", "dev", port], query=True, check=False).stdout
+    return any(line.split()[:3] == ["qdisc", "htb", "1:"] and " root" in line
+               for line in out.splitlines())  # fmt: skip
+
+
+def _netem_count(runner: SystemRunner, port: str) -> int:
+    out = runner.run(["tc", "qdisc", "show", "dev", port], query=True, check=False).stdout
+    return sum(1 for line in out.splitlines() if line.startswith("qdisc netem"))
+
+
+def _saved_rules(runner: SystemRunner) -> list[str]:
+    out = runner.run(["iptables-save", "-t", "mangle"], query=True, check=False).stdout
+    return [line for line in out.splitlines() if line.startswith(f"-A {HOLD_CHAIN} ")]
+
+
+def _bound_queues(runner: SystemRunner) -> set[int]:
+    out = runner.run(["cat", "/proc/net/netfilter/nfnetlink_queue"], query=True,
+                     check=False).stdout  # fmt: skip
+    return {int(p[0]) for p in (line.split() for line in out.splitlines())
+            if len(p) >= 2 and p[0].isdigit() and p[1] != "0"}  # fmt: skip
