@@ -263,3 +263,18 @@ def test_typed_table_fills_gaps_with_the_field_default():
     table = typed_table("hosts", hosts)
     assert table.column("answered").to_pylist() == [3, 0]
     assert table.column("role").to_pylist() == ["device", "server"]
+
+
+def test_steal_is_read_from_the_cpu_line_in_ms(tmp_path):
+    import os
+
+    from testbed.metrics.steal import steal_ms
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  573372 612 170207 965307 7599 0 3841 315 0 0\ncpu0 1 2 3 4 5 6 7 8\n")
+    assert steal_ms(stat) == 315 * 1000.0 / os.sysconf("SC_CLK_TCK")
+    for text in ("", "cpu 1 2 3\n", "intr 1 2 3 4 5 6 7 8 9\n", "cpu 1 2 3 4 5 6 7 x 9\n"):
+        stat.write_text(text)
+        assert steal_ms(stat) is None, text
+    assert steal_ms(tmp_path / "missing") is None
+    assert steal_ms() is not None  # this kernel's own /proc/stat has the field

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from testbed.lab.interface import LinkSite
+from testbed.metrics.steal import steal_ms
 from testbed.netem.calibrate import Calibration, LossVerdict, calibrate, loss_verdict
 from testbed.netem.profile import LinkProfile
 
@@ -27,6 +28,7 @@ class LinkBench:
     rtt_ms: float
     devices: int
     rows: list[Calibration] = field(default_factory=list)
+    steal_ms: float | None = None  # CPU time the hypervisor took during the run (all CPUs)
 
     @property
     def worst_median_error_ms(self) -> float:
@@ -62,6 +64,7 @@ def run_link_bench(
         f"{rtt_ms:g}ms-loss{100 * p:g}": LinkProfile(rtt_ms=rtt_ms, loss=p, seed=i)
         for i, p in enumerate(losses)
     }
+    steal_before = steal_ms()
     rows = calibrate(
         site,
         profiles,
@@ -70,4 +73,6 @@ def run_link_bench(
         parallel=len(site.devices),
         backend=backend,  # type: ignore[arg-type]
     )
-    return LinkBench(rtt_ms=rtt_ms, devices=len(site.devices), rows=rows)
+    steal_after = steal_ms()
+    stolen = None if steal_before is None or steal_after is None else steal_after - steal_before
+    return LinkBench(rtt_ms=rtt_ms, devices=len(site.devices), rows=rows, steal_ms=stolen)

@@ -144,6 +144,9 @@ def link(
             f"{res.worst_median_error_ms:.3f} ms (goal <= {GOAL_MEDIAN_MS}), worst p99 "
             f"{res.worst_p99_error_ms:.3f} ms (goal <= {GOAL_P99_MS}); lab up {up_s:.1f} s"
         )
+        if res.steal_ms is not None:
+            typer.echo(f"CPU time the hypervisor took from this VM during the run (steal): "
+                       f"{res.steal_ms:.0f} ms")  # fmt: skip
         _print_verdict(res.loss)
         if json_out:
             json_out.write_text(json.dumps([r.model_dump(mode="json") for r in res.rows]))
