@@ -12,15 +12,12 @@ for the link (`link_iface`):
   Rate limits stay HTB classes on the sender's egress.
 Only device <-> server packets are classified (both addresses in every match), so the
 controller's SSH is never impaired. Each host keeps its holder's spec, pid, log and profile
-changes in `<workdir>/impair/`; every file operation goes through the host's runner, so the
-same code drives a Pi over SSH and a namespace host.
+changes in `<workdir>/impair/` (testbed.netem.holder_process), so the same code drives a Pi
+over SSH and a namespace host.
 """
 
 from __future__ import annotations
 
-import json
-import shlex
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -33,11 +30,8 @@ from testbed.lab.interface import LinkSite
 from testbed.lab.spec import LabHost
 from testbed.lab.system import SystemRunner
 from testbed.netem.detect import BackendName, netem_available
+from testbed.netem.holder_process import HolderProcess
 from testbed.netem.nfqueue import (
-    CHANGES_FILE,
-    HOLDER_READY_TIMEOUT_S,
-    HOLDER_RT_PRIO,
-    SPEC_FILE,
     holder_spec,
     holder_tag,
     needs_holder,
@@ -51,7 +45,6 @@ from testbed.topo.model import PathKind
 
 HOLD_CHAIN = "TB-HOLD"
 IMPAIR_DIR = "impair"
-POLL_S = 0.05
 PARALLEL_HOSTS = 8
 _T, _R = TypeVar("_T"), TypeVar("_R")
 NETEM_PROBE = (
@@ -196,108 +189,14 @@ def egress_commands(hops: list[Hop], leaf: Any) -> list[list[str]]:
     return cmds
 
 
-class HostHolder:
-    """The packet holder on one host, driven only through that host's runner."""
-
-    def __init__(self, site: HostSite, host: LabHost) -> None:
-        self.runner = site.host_runner(host.name)
-        self.binary = site.holder_binary(host.name)
-        self.tag = f"{holder_tag(site.name)}-{host.name}"
-        self.dir = PurePosixPath(str(host.workdir)) / IMPAIR_DIR
-        self.spec, self.pid_file = self.dir / SPEC_FILE, self.dir / "holder.pid"
-        self.ack, self.out = self.dir / f"{SPEC_FILE}.ack", self.dir / "holder.out"
-        self.log, self.changes = self.dir / "holder.log", self.dir / CHANGES_FILE
-
-    def _sh(self, script: str, *, query: bool = False, input: str | None = None) -> str:
-        res = self.runner.run(["sh", "-c", script], query=query, input=input, check=not query,
-                              error=ImpairmentError)  # fmt: skip
-        return res.stdout if res.ok else ""
-
-    def _read(self, path: PurePosixPath) -> str:
-        if self.runner.dry_run:  # nothing was written, and the host may not exist yet
-            return ""
-        return self._sh(f"cat {shlex.quote(str(path))} 2>/dev/null || true", query=True)
-
-    def pid(self) -> int | None:
-        """The running holder's pid (checked by its tag, not only by its number), or None."""
-        if self.runner.dry_run:
-            return None
-        pid_file, tag = shlex.quote(str(self.pid_file)), shlex.quote(f"--tag {self.tag} ")
-        text = self._sh(
-            f"p=$(cat {pid_file} 2>/dev/null) && tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null "
-            f"| grep -qF -- {tag} && echo $p || true",
-            query=True,
-        ).strip()
-        return int(text) if text.isdigit() else None
-
-    def generation(self) -> int:
-        words = self._read(self.spec).split()
-        return int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
-
-    def load(self, spec: str) -> int | None:
-        """Run the holder on `spec`: reload the running one (SIGHUP), else start one; its pid
-        (None in dry-run). ImpairmentError with the holder's log when it does not answer."""
-        d, ack, path = (shlex.quote(str(p)) for p in (self.dir, self.ack, self.spec))
-        self._sh(f"mkdir -p {d} && rm -f {ack} && cat > {path}.tmp && mv {path}.tmp {path}",
-                 input=spec)  # fmt: skip
-        pid = self.pid()
-        if pid is not None:
-            self.runner.run(["kill", "-HUP", str(pid)], error=ImpairmentError)
-            want = spec.split()[1]
-            if not self._wait(lambda: self._read(self.ack).split()[:1] == [want]):
-                raise ImpairmentError(self._failure("reload (no answer)"))
-            if self._read(self.ack).split()[1:] != ["ok"]:
-                raise ImpairmentError(self._failure("reload"))
-            return pid
-        argv = [self.binary, "--tag", self.tag, "--rt-prio", str(HOLDER_RT_PRIO),
-                "--log", str(self.changes), str(self.spec)]  # fmt: skip
-        out, log, pid_file = (shlex.quote(str(p)) for p in (self.out, self.log, self.pid_file))
-        started = self._sh(
-            f"rm -f {out}; setsid {shlex.join(argv)} > {out} 2>> {log} < /dev/null "
-            f"& echo $! > {pid_file}; cat {pid_file}"
-        ).strip()
-        if self.runner.dry_run:
-            return None
-        if not self._wait(lambda: self._read(self.out).strip() == "ready"):
-            self.stop()
-            raise ImpairmentError(self._failure("start"))
-        return int(started)
-
-    def _wait(self, ready: Any) -> bool:
-        deadline = time.monotonic() + HOLDER_READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if ready():
-                return True
-            time.sleep(POLL_S)
-        return False
-
-    def _failure(self, what: str) -> str:
-        tail = self._read(self.log)[-500:].strip()
-        return f"packet holder {what} failed on {self.tag} ({self.binary}): {tail}"
-
-    def stop(self) -> None:
-        """Stop the holder (it releases what it holds) and wait until it is gone."""
-        pid = self.pid()
-        if pid is None:
-            return
-        self.runner.run(["kill", "-TERM", str(pid)], check=False, error=ImpairmentError)
-        if not self.runner.dry_run and not self._wait(lambda: self.pid() is None):
-            self.runner.run(["kill", "-KILL", str(pid)], check=False, error=ImpairmentError)
-        self._sh(f"rm -f {shlex.quote(str(self.pid_file))}")
-
-    def link_changes(self) -> list[dict[str, Any]]:
-        """The profile changes this holder logged (see nfqueue.link_changes)."""
-        out = []
-        for line in self._read(self.changes).splitlines():
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ImpairmentError(
-                        f"{self.tag}: {self.changes}: expected one JSON object a line, got "
-                        f"{line[:80]!r}: {exc}"
-                    ) from exc
-        return out
+def host_holder(site: HostSite, host: LabHost) -> HolderProcess:
+    """The packet holder of `host`, in `<workdir>/impair/` there."""
+    return HolderProcess(
+        site.host_runner(host.name),
+        site.holder_binary(host.name),
+        f"{holder_tag(site.name)}-{host.name}",
+        str(PurePosixPath(str(host.workdir)) / IMPAIR_DIR),
+    )
 
 
 def _restore_text(ingress: list[Hop]) -> str:
@@ -350,7 +249,7 @@ class HostSideBackend:
 
     def _hold(self, lab: HostSite, part: HostPart, every: list[tuple[int, LabHost]]) -> int | None:
         """Ingress rules and the holder of one host (`every`: the lab's indexed devices)."""
-        runner, holder = lab.host_runner(part.host.name), HostHolder(lab, part.host)
+        runner, holder = lab.host_runner(part.host.name), host_holder(lab, part.host)
         probe = ["iptables", "-w", "5", "-t", "mangle", "-C", "PREROUTING", "-j", HOLD_CHAIN]
         if runner.dry_run or not runner.run(probe, query=True, check=False).ok:
             runner.run(["iptables", "-w", "5", "-t", "mangle", "-N", HOLD_CHAIN], check=False,
@@ -386,7 +285,7 @@ class HostSideBackend:
             self._reset_egress(runner, part.ports)
             runner.run(["iptables", "-w", "5", "-t", "mangle", "-F", HOLD_CHAIN], check=False,
                        error=ImpairmentError)  # fmt: skip
-            HostHolder(lab, part.host).stop()
+            host_holder(lab, part.host).stop()
 
         self._each(clear_host, host_parts(lab, {}, self.name))
 
@@ -435,7 +334,7 @@ class HostSideBackend:
         if len(saved) != len(part.ingress):
             problems.append(f"{len(saved)} rule(s) in {HOLD_CHAIN}, expected {len(part.ingress)}")
         if part.ingress:
-            if HostHolder(lab, part.host).pid() is None:
+            if host_holder(lab, part.host).pid() is None:
                 problems.append("packet holder is not running")
             missing = sorted({h.queue for h in part.ingress} - _bound_queues(runner))
             if missing:
@@ -454,7 +353,7 @@ class HostSideBackend:
                     left.append(f"{part.host.name}: qdisc on {port}")
             if _saved_rules(runner):
                 left.append(f"{part.host.name}: rules in {HOLD_CHAIN}")
-            if HostHolder(lab, part.host).pid() is not None:
+            if host_holder(lab, part.host).pid() is not None:
                 left.append(f"{part.host.name}: packet holder still running")
             return left
 
@@ -466,7 +365,7 @@ class HostSideBackend:
 def link_changes(site: LinkSite) -> list[dict[str, Any]]:
     """Every profile change the holders on the hosts applied, oldest first."""
     lab = host_site(site)
-    changes = [c for host in lab.hosts for c in HostHolder(lab, host).link_changes()]
+    changes = [c for host in lab.hosts for c in host_holder(lab, host).link_changes()]
     return sorted(changes, key=lambda c: float(c.get("at", 0.0)))
 
 

@@ -13,18 +13,12 @@ controller's SSH to every host is never impaired. Holding happens at a forwardin
 on a sender's OUTPUT chain (that collapses TCP). One holder process serves every queue; a new
 apply rewrites its spec file and signals it (SIGHUP), so profiles change while agents run
 without dropping held packets, and each change lands time-stamped in `link-changes.jsonl`.
+The holder is run through the lab's runner (`holder_process`), here or on a middlebox.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import select
-import signal
-import subprocess
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from testbed.errors import ImpairmentError, PrivilegeError
 from testbed.lab import naming
@@ -33,7 +27,8 @@ from testbed.lab.interface import LinkSite
 from testbed.lab.spec import MAX_DEVICES, LabHost
 from testbed.lab.system import SystemRunner
 from testbed.netem import shaper
-from testbed.netem.holder_build import Holder, find_holder
+from testbed.netem.holder_build import find_holder
+from testbed.netem.holder_process import HolderProcess
 from testbed.netem.paths import PathLinks, htb_plan, impaired_paths
 from testbed.netem.profile import LinkProfile
 from testbed.netem.schedule import timeline
@@ -42,10 +37,6 @@ from testbed.topo.model import PathKind
 CHAIN_UP, CHAIN_DOWN = "TB-UP", "TB-DOWN"
 QUEUE_BASE = 100
 BACKUP_QUEUE_BASE = QUEUE_BASE + 2 * (MAX_DEVICES + 1)  # above every primary queue
-HOLDER_READY_TIMEOUT_S = 10.0
-SPEC_FILE, CHANGES_FILE = "holder.spec", "link-changes.jsonl"
-HOLDER_RT_PRIO = 20  # SCHED_FIFO: releases on time even when agents load every CPU
-_children: dict[int, subprocess.Popen[bytes]] = {}  # holders this process started (to reap)
 
 
 def holder_tag(lab: str) -> str:
@@ -113,19 +104,19 @@ def _queue_lines(
     return lines
 
 
+def site_holder(lab: LinkSite, runner: SystemRunner) -> HolderProcess:
+    """The packet holder of `lab`'s forwarding point (its bridge namespace or middlebox), with
+    its files in the lab's runtime folder."""
+    binary = "tb-holder" if runner.dry_run else find_holder().argv[0]
+    return HolderProcess(
+        runner, binary, holder_tag(lab.name), str(lab.runtime_dir), netns=lab.bridge_netns
+    )
+
+
 def link_changes(lab: LinkSite) -> list[dict[str, object]]:
     """Every profile change the holder applied in `lab` (one dict per link direction and phase,
     `at` in Unix seconds), oldest first; empty when none was logged."""
-    path = lab.runtime_dir / CHANGES_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _generation(spec: Path) -> int:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        return int(spec.read_text().split()[1])
-    return 0
+    return site_holder(lab, lab.runner).link_changes()
 
 
 @dataclass(frozen=True)
@@ -205,17 +196,15 @@ class NfqueueBackend:
         rules = _all_rules(paths)
         queued = {(rule.path, rule.device) for rule in rules}
         state: dict[str, object] = {"holder_pid": None, "holder": None, "shaped_ports": []}
+        holder = site_holder(lab, self.runner)
         if queued:
             held = {p.path: {k: v for k, v in p.profiles.items() if (p.path, k) in queued}
                     for p in paths}  # fmt: skip
             spec = holder_spec(
-                _generation(lab.runtime_dir / SPEC_FILE) + 1,
-                paths[0].devices,
-                held["primary"],
-                held.get("backup"),
+                holder.generation() + 1, paths[0].devices, held["primary"], held.get("backup")
             )
             state["holder"] = "c"
-            state["holder_pid"] = self._reload_holder(lab, spec) or self._start_holder(lab, spec)
+            state["holder_pid"] = holder.load(spec)
         else:
             self._flush(sw)
             self._stop_holder(lab)
@@ -267,7 +256,7 @@ class NfqueueBackend:
         queues = {r.queue for r in rules}
         if queues:
             pid = state.get("holder_pid")
-            if not isinstance(pid, int) or not pid_alive(pid):
+            if site_holder(lab, self.runner).pid() != pid:
                 problems.append(f"packet holder (pid {pid}) is not running")
             bound = self._bound_queues(sw)
             missing = sorted(queues - bound)
@@ -358,82 +347,14 @@ class NfqueueBackend:
                 bound.add(int(parts[0]))
         return bound
 
-    def _write_spec(self, lab: LinkSite, spec: str) -> Path:
-        path = lab.runtime_dir / SPEC_FILE
-        if not self.runner.dry_run:
-            path.with_name(path.name + ".ack").unlink(missing_ok=True)
-        self.runner.write_file(path, spec)
-        return path
-
-    def _reload_holder(self, lab: LinkSite, spec: str) -> int | None:
-        """Hand a running holder the new spec (SIGHUP); its pid, or None if none is running."""
-        if self.runner.dry_run:
-            return None
-        with contextlib.suppress(OSError, ValueError):
-            pid = int((lab.runtime_dir / "holder.pid").read_text())
-            if pid_alive(pid):
-                path = self._write_spec(lab, spec)
-                self.runner.kill(pid, signal.SIGHUP)
-                ack = path.with_name(path.name + ".ack")
-                want = spec.split()[1]
-                deadline = time.monotonic() + HOLDER_READY_TIMEOUT_S
-                while time.monotonic() < deadline:
-                    with contextlib.suppress(OSError):
-                        got = ack.read_text().split()
-                        if got[:1] == [want]:
-                            if got[1:] != ["ok"]:
-                                raise ImpairmentError(self._holder_failure(lab, "reload"))
-                            return pid
-                    time.sleep(0.005)
-                raise ImpairmentError(self._holder_failure(lab, "reload (no answer)"))
-        return None
-
-    def _holder_failure(self, lab: LinkSite, what: str) -> str:
-        log = lab.runtime_dir / "holder.log"
-        tail = log.read_text()[-500:].strip() if log.exists() else ""
-        return f"packet holder {what} failed in {lab.bridge_netns}: {tail}"
-
-    def _start_holder(self, lab: LinkSite, spec: str) -> int | None:
-        self._stop_holder(lab)
-        holder = (
-            Holder("c", ("tb-holder",))  # dry-run: nothing is compiled or started
-            if self.runner.dry_run
-            else find_holder()
-        )
-        path = self._write_spec(lab, spec)
-        argv = [*holder.argv, "--tag", holder_tag(lab.name), "--rt-prio", str(HOLDER_RT_PRIO)]
-        argv += ["--log", str(lab.runtime_dir / CHANGES_FILE), str(path)]
-        log = lab.runtime_dir / "holder.log"
-        proc = self.runner.spawn(
-            argv, netns=lab.bridge_netns, stdout=subprocess.PIPE, stderr_path=log
-        )
-        if proc is None:  # dry-run
-            return None
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], HOLDER_READY_TIMEOUT_S)
-        line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
-        proc.stdout.close()
-        if line != "ready":
-            proc.kill()
-            proc.wait()
-            raise ImpairmentError(self._holder_failure(lab, "start"))
-        _children[proc.pid] = proc
-        (lab.runtime_dir / "holder.pid").write_text(str(proc.pid))
-        return proc.pid
-
     def _stop_holder(self, lab: LinkSite) -> None:
-        """Stop the lab's holder: the one in the pid file and any other tagged as the lab's."""
-        if self.runner.dry_run:
+        """Stop the lab's holder, and here any other process tagged as the lab's holder (one
+        left by a run that died)."""
+        site_holder(lab, self.runner).stop()
+        if self.runner.dry_run or self.runner.remote:
             return
-        pid_file = lab.runtime_dir / "holder.pid"
-        pids = {pid for pid, _ in tagged_processes(holder_tag(lab.name))}
-        with contextlib.suppress(OSError, ValueError):
-            pids.add(int(pid_file.read_text()))
-        kill_pids(self.runner, sorted(p for p in pids if pid_alive(p)), grace=2.0)
-        for pid in pids:
-            if pid in _children:
-                _children.pop(pid).wait(timeout=5)
-        pid_file.unlink(missing_ok=True)
+        stray = [pid for pid, _ in tagged_processes(holder_tag(lab.name)) if pid_alive(pid)]
+        kill_pids(self.runner, stray, grace=2.0)
 
 
 def _all_rules(paths: list[PathLinks]) -> list[Rule]:

@@ -1,0 +1,144 @@
+"""The packet holder process (holder.c) on one machine, driven only through a SystemRunner.
+
+Every file (spec, ack, pid, log, profile changes) lives in one folder on that machine and every
+step is a shell command through the runner, so the same code runs the holder of a bridge
+namespace here, of a middlebox over SSH, and of each host of a lab impaired on its hosts:
+- `load(spec)`: a running holder re-reads the spec on SIGHUP and acknowledges it in
+  `holder.spec.ack` (held packets keep their release time); otherwise a new holder starts,
+  detached (`setsid`), and is ready once it prints `ready`;
+- `pid()`: the running holder, checked by its `--tag` (not only by a pid that may be reused);
+- `stop()`: SIGTERM (it releases what it holds), then SIGKILL if it lingers.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable
+from pathlib import PurePosixPath
+from typing import Any
+
+from testbed.errors import ImpairmentError
+from testbed.lab.system import SystemRunner
+
+SPEC_FILE, CHANGES_FILE = "holder.spec", "link-changes.jsonl"
+READY_TIMEOUT_S = 10.0
+RT_PRIO = 20  # SCHED_FIFO: releases on time even when agents load every CPU
+POLL_LOCAL_S, POLL_REMOTE_S = 0.005, 0.05  # how often a reply is looked for
+
+
+class HolderProcess:
+    """One holder: its binary, `--tag`, folder and namespace on the runner's machine."""
+
+    def __init__(
+        self,
+        runner: SystemRunner,
+        binary: str,
+        tag: str,
+        folder: str,
+        netns: str | None = None,
+    ) -> None:
+        self.runner, self.binary, self.tag, self.netns = runner, binary, tag, netns
+        self.dir = PurePosixPath(folder)
+        self.spec, self.pid_file = self.dir / SPEC_FILE, self.dir / "holder.pid"
+        self.ack, self.out = self.dir / f"{SPEC_FILE}.ack", self.dir / "holder.out"
+        self.log, self.changes = self.dir / "holder.log", self.dir / CHANGES_FILE
+        self.poll_s = POLL_REMOTE_S if runner.remote else POLL_LOCAL_S
+
+    def _sh(self, script: str, *, query: bool = False, input: str | None = None) -> str:
+        res = self.runner.run(["sh", "-c", script], netns=self.netns, query=query, input=input,
+                              check=not query, error=ImpairmentError)  # fmt: skip
+        return res.stdout if res.ok else ""
+
+    def _q(self, path: PurePosixPath) -> str:
+        return shlex.quote(str(path))
+
+    def _read(self, path: PurePosixPath) -> str:
+        if self.runner.dry_run:  # nothing was written, and the machine may not exist yet
+            return ""
+        return self._sh(f"cat {self._q(path)} 2>/dev/null || true", query=True)
+
+    def pid(self) -> int | None:
+        """The running holder's pid, or None."""
+        if self.runner.dry_run:
+            return None
+        tag = shlex.quote(f"--tag {self.tag} ")
+        text = self._sh(
+            f"p=$(cat {self._q(self.pid_file)} 2>/dev/null) && tr '\\0' ' ' "
+            f"< /proc/$p/cmdline 2>/dev/null | grep -qF -- {tag} && echo $p || true",
+            query=True,
+        ).strip()
+        return int(text) if text.isdigit() else None
+
+    def generation(self) -> int:
+        """The generation of the spec last written (0 for none)."""
+        words = self._read(self.spec).split()
+        return int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
+
+    def load(self, spec: str) -> int | None:
+        """Run the holder on `spec`: reload the running one, else start one; its pid (None in
+        a dry run). ImpairmentError with the holder's log when it does not answer."""
+        path = self._q(self.spec)
+        self._sh(f"mkdir -p {self._q(self.dir)} && rm -f {self._q(self.ack)} && cat > {path}.tmp "
+                 f"&& mv {path}.tmp {path}", input=spec)  # fmt: skip
+        pid = self.pid()
+        if pid is not None:
+            self.runner.run(["kill", "-HUP", str(pid)], error=ImpairmentError)
+            want = spec.split()[1]
+            if not self._wait(lambda: self._read(self.ack).split()[:1] == [want]):
+                raise ImpairmentError(self._failure("reload (no answer)"))
+            if self._read(self.ack).split()[1:] != ["ok"]:
+                raise ImpairmentError(self._failure("reload"))
+            return pid
+        argv = [self.binary, "--tag", self.tag, "--rt-prio", str(RT_PRIO),
+                "--log", str(self.changes), str(self.spec)]  # fmt: skip
+        out, pid_file = self._q(self.out), self._q(self.pid_file)
+        started = self._sh(
+            f"rm -f {out}; setsid {shlex.join(argv)} > {out} 2>> {self._q(self.log)} "
+            f"< /dev/null & echo $! > {pid_file}; cat {pid_file}"
+        ).strip()
+        if self.runner.dry_run:
+            return None
+        if not self._wait(lambda: self._read(self.out).strip() == "ready"):
+            self.stop()
+            raise ImpairmentError(self._failure("start"))
+        return int(started)
+
+    def _wait(self, ready: Callable[[], bool]) -> bool:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if ready():
+                return True
+            time.sleep(self.poll_s)
+        return False
+
+    def _failure(self, what: str) -> str:
+        where = f" in {self.netns}" if self.netns else ""
+        tail = self._read(self.log)[-500:].strip()
+        return f"packet holder {what} failed ({self.tag}{where}, {self.binary}): {tail}"
+
+    def stop(self) -> None:
+        """Stop the holder (it releases what it holds) and wait until it is gone."""
+        pid = self.pid()
+        if pid is None:
+            return
+        self.runner.run(["kill", "-TERM", str(pid)], check=False, error=ImpairmentError)
+        if not self.runner.dry_run and not self._wait(lambda: self.pid() is None):
+            self.runner.run(["kill", "-KILL", str(pid)], check=False, error=ImpairmentError)
+        self._sh(f"rm -f {self._q(self.pid_file)}")
+
+    def link_changes(self) -> list[dict[str, Any]]:
+        """Every profile change the holder applied (one dict per link direction and phase,
+        `at` in Unix seconds), oldest first; empty when none was logged."""
+        out = []
+        for line in self._read(self.changes).splitlines():
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ImpairmentError(
+                        f"{self.tag}: {self.changes}: expected one JSON object a line, got "
+                        f"{line[:80]!r}: {exc}"
+                    ) from exc
+        return out
