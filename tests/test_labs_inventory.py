@@ -67,6 +67,10 @@ def test_impairment_commands_go_over_ssh_to_the_middlebox(tmp_path):
     assert tc_or_rules
     assert all("ssh " in line and "root@192.0.2.9" in line for line in tc_or_rules)
     assert any("--physdev-in p-dev1" in line for line in printed)
+    # the holder's spec is written, and the holder started, on the middlebox too
+    holder = [line for line in printed if "holder.spec" in line]
+    assert any("cat >" in line for line in holder) and any("setsid" in line for line in holder)
+    assert all("root@192.0.2.9" in line for line in holder)
 
 
 def test_host_without_a_middlebox_port_is_named(tmp_path):

@@ -43,7 +43,6 @@ from testbed.lab.backup import BACKUP_IFACE, BackupPlan, PathEnd, load_plan
 from testbed.lab.interface import LinkSite
 from testbed.lab.spec import LabHost, LabSpec
 from testbed.lab.system import SystemRunner
-from testbed.netem.holder_build import find_holder
 from testbed.netem.profile import LinkProfile
 from testbed.topo.model import Topology
 
@@ -221,13 +220,11 @@ class InventoryLab:
         """Runs commands on host `name` (over SSH, or here)."""
         return self._runners[self.host(name).name]
 
-    def holder_binary(self, name: str) -> str:
-        """The packet holder's path on host `name`: its `holder_path`, else this machine's
-        build."""
+    def holder_binary(self, name: str) -> str | None:
+        """The packet holder's path on host `name`: its `holder_path`; None for this machine's
+        build (right for hosts that share its files)."""
         given = self._holders[self.host(name).name]
-        if given:
-            return str(given)
-        return "tb-holder" if self.runner.dry_run else find_holder().argv[0]
+        return str(given) if given else None
 
     @property
     def hosts(self) -> list[LabHost]:

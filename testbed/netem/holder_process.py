@@ -21,6 +21,7 @@ from typing import Any
 
 from testbed.errors import ImpairmentError
 from testbed.lab.system import SystemRunner
+from testbed.netem.holder_build import find_holder
 
 SPEC_FILE, CHANGES_FILE = "holder.spec", "link-changes.jsonl"
 READY_TIMEOUT_S = 10.0
@@ -29,17 +30,18 @@ POLL_LOCAL_S, POLL_REMOTE_S = 0.005, 0.05  # how often a reply is looked for
 
 
 class HolderProcess:
-    """One holder: its binary, `--tag`, folder and namespace on the runner's machine."""
+    """One holder: its binary (None: this machine's build), `--tag`, folder and namespace on
+    the runner's machine."""
 
     def __init__(
         self,
         runner: SystemRunner,
-        binary: str,
+        binary: str | None,
         tag: str,
         folder: str,
         netns: str | None = None,
     ) -> None:
-        self.runner, self.binary, self.tag, self.netns = runner, binary, tag, netns
+        self.runner, self.given_binary, self.tag, self.netns = runner, binary, tag, netns
         self.dir = PurePosixPath(folder)
         self.spec, self.pid_file = self.dir / SPEC_FILE, self.dir / "holder.pid"
         self.ack, self.out = self.dir / f"{SPEC_FILE}.ack", self.dir / "holder.out"
@@ -91,7 +93,7 @@ class HolderProcess:
             if self._read(self.ack).split()[1:] != ["ok"]:
                 raise ImpairmentError(self._failure("reload"))
             return pid
-        argv = [self.binary, "--tag", self.tag, "--rt-prio", str(RT_PRIO),
+        argv = [self.binary(), "--tag", self.tag, "--rt-prio", str(RT_PRIO),
                 "--log", str(self.changes), str(self.spec)]  # fmt: skip
         out, pid_file = self._q(self.out), self._q(self.pid_file)
         started = self._sh(
@@ -105,6 +107,12 @@ class HolderProcess:
             raise ImpairmentError(self._failure("start"))
         return int(started)
 
+    def binary(self) -> str:
+        """The holder's path on its machine (built here on first use when none was given)."""
+        if self.given_binary:
+            return self.given_binary
+        return "tb-holder" if self.runner.dry_run else find_holder().argv[0]
+
     def _wait(self, ready: Callable[[], bool]) -> bool:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -116,7 +124,7 @@ class HolderProcess:
     def _failure(self, what: str) -> str:
         where = f" in {self.netns}" if self.netns else ""
         tail = self._read(self.log)[-500:].strip()
-        return f"packet holder {what} failed ({self.tag}{where}, {self.binary}): {tail}"
+        return f"packet holder {what} failed ({self.tag}{where}, {self.binary()}): {tail}"
 
     def stop(self) -> None:
         """Stop the holder (it releases what it holds) and wait until it is gone."""

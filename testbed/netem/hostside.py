@@ -10,10 +10,11 @@ for the link (`link_iface`):
   chain (that collapses TCP). A mangle PREROUTING chain queues the peer's packets to a packet
   holder on that host. Up is held on the server (one queue per device), down on each device.
   Rate limits stay HTB classes on the sender's egress.
-Only device <-> server packets are classified (both addresses in every match), so the
-controller's SSH is never impaired. Each host keeps its holder's spec, pid, log and profile
-changes in `<workdir>/impair/` (testbed.netem.holder_process), so the same code drives a Pi
-over SSH and a namespace host.
+A lab with a backup path has its backup links impaired the same way, on each end's
+`backup_iface`, with their own classes and queues. Only device <-> server packets are
+classified (both addresses in every match), so the controller's SSH is never impaired. Each
+host keeps its holder's spec, pid, log and profile changes in `<workdir>/impair/`
+(testbed.netem.holder_process), so the same code drives a Pi over SSH and a namespace host.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ class HostSite(LinkSite, Protocol):
         """Runs commands on host `name`."""
         ...
 
-    def holder_binary(self, name: str) -> str:
-        """The packet holder's path on host `name`."""
+    def holder_binary(self, name: str) -> str | None:
+        """The packet holder's path on host `name` (None: this machine's build)."""
         ...
 
 

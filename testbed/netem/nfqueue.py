@@ -27,7 +27,6 @@ from testbed.lab.interface import LinkSite
 from testbed.lab.spec import MAX_DEVICES, LabHost
 from testbed.lab.system import SystemRunner
 from testbed.netem import shaper
-from testbed.netem.holder_build import find_holder
 from testbed.netem.holder_process import HolderProcess
 from testbed.netem.paths import PathLinks, htb_plan, impaired_paths
 from testbed.netem.profile import LinkProfile
@@ -107,9 +106,8 @@ def _queue_lines(
 def site_holder(lab: LinkSite, runner: SystemRunner) -> HolderProcess:
     """The packet holder of `lab`'s forwarding point (its bridge namespace or middlebox), with
     its files in the lab's runtime folder."""
-    binary = "tb-holder" if runner.dry_run else find_holder().argv[0]
     return HolderProcess(
-        runner, binary, holder_tag(lab.name), str(lab.runtime_dir), netns=lab.bridge_netns
+        runner, None, holder_tag(lab.name), str(lab.runtime_dir), netns=lab.bridge_netns
     )
 
 
