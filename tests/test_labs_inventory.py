@@ -95,6 +95,11 @@ def test_inventory_without_middlebox_needs_each_hosts_link_interface(tmp_path):
         r"its interface on the link \(the inventory has no middlebox\), got None",
     ):
         InventoryLab.up(LabSpec(name="x", topology=ns.topology, inventory=path))
+    local = [h.model_copy(update={"vars": {"link_iface": "eth0", "ansible_connection": "local"}})
+             for h in ns.inventory_hosts()]  # fmt: skip
+    path.write_text(yaml.safe_dump(inventory_document(local, {})))
+    with pytest.raises(BadInputError, match="host 'server': ansible_connection: expected ssh"):
+        InventoryLab.up(LabSpec(name="x", topology=ns.topology, inventory=path))
 
 
 def test_inventory_without_hosts_of_the_topology_is_refused(tmp_path):

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from statistics import median
 
 import pytest
 from conftest import require_root_netns
@@ -324,7 +325,10 @@ def test_schedule_steps_apply_at_their_times(clean_links: EmulatedLab) -> None:
     assert len(got) == 300 - (last_lost - first_lost + 1)
     after = [raw.rtt_ms[s] for s in raw.rtt_ms if s > last_lost + 10]
     before = [raw.rtt_ms[s] for s in raw.rtt_ms if s < first_lost - 10]
-    assert after and before and min(after) > 19 and max(before) < 13
+    # each phase's delay, and no packet after the change with the old one (the holder may
+    # release up to 1 ms early per direction after waking late on a loaded machine)
+    assert after and before and min(after) > 15
+    assert abs(median(before) - 10) < 1 and abs(median(after) - 20) < 1
 
 
 def test_profile_changes_live_without_restarting_the_holder(clean_links: EmulatedLab) -> None:

@@ -59,9 +59,10 @@ SSH_PERSIST_S = 15
 
 def host_runner(host: InventoryHost, base: SystemRunner, mux: str | None = None) -> SystemRunner:
     """A runner whose commands run on `host`: over `ssh`, or here when the inventory says
-    `ansible_connection: local`. Host keys are not pinned, as in `ansible/ansible.cfg` and the
-    Fabric layer: a lab's hosts are re-imaged and re-keyed. With `mux` (a folder for control
-    sockets), commands share one connection per host, kept `SSH_PERSIST_S` after the last."""
+    `ansible_connection: local` (callers pass a `netns` per command where they need one). Host
+    keys are not pinned, as in `ansible/ansible.cfg` and the Fabric layer: a lab's hosts are
+    re-imaged and re-keyed. With `mux` (a folder for control sockets), commands share one
+    connection per host, kept `SSH_PERSIST_S` after the last."""
     remote: tuple[str, ...] = ()
     if host.vars.get("ansible_connection") != "local":
         argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o",
@@ -97,7 +98,13 @@ class InventoryLab:
         self.middlebox = inventory.middleboxes[0] if inventory.middleboxes else None
         self.runner = host_runner(self.middlebox, runner) if self.middlebox else runner
         on_hosts = self._topology_hosts()
-        mux = None if runner.dry_run else str(self.ssh_mux_dir)
+        for h in on_hosts if not self.middlebox else ():
+            if h.vars.get("ansible_connection") == "local" and h.netns:
+                raise BadInputError(
+                    f"{inventory.source}: host {h.name!r}: ansible_connection: expected ssh for "
+                    f"a host in namespace {h.netns} that impairs its own links (no middlebox)"
+                )
+        mux = None if runner.dry_run or self.middlebox else str(self.ssh_mux_dir)
         if mux:
             self.ssh_mux_dir.mkdir(mode=0o700, exist_ok=True)
         self._runners = {h.name: host_runner(h, runner, mux) for h in on_hosts}
