@@ -95,3 +95,16 @@ class Engine(ABC):
     @abstractmethod
     def close(self, sid: int) -> None:
         """Free session sid and its cache."""
+
+    def warm_up(self) -> None:
+        """Take once the paths a first request takes (a prefill, then a batched step of two
+        sessions), so lazy initialisation does not land on the first verification: a device
+        learns its first timeout from a HELLO, which does no compute."""
+        ids = self.tokenize("warm up")[:8] or [0]
+        sids = [self.open(), self.open()]
+        try:
+            self.score_batch({sid: ids for sid in sids})
+            self.score_batch({sid: ids[:1] for sid in sids})
+        finally:
+            for sid in sids:
+                self.close(sid)
