@@ -108,7 +108,6 @@ class InventoryLab:
         if mux:
             self.ssh_mux_dir.mkdir(mode=0o700, exist_ok=True)
         self._runners = {h.name: host_runner(h, runner, mux) for h in on_hosts}
-        self._holders = {h.name: h.vars.get(HOLDER_VAR) for h in on_hosts}
         self._hosts = [self._lab_host(h) for h in on_hosts]
         self.backup_plan = self._backup_plan(on_hosts) if spec.topology.has_backup else None
 
@@ -230,7 +229,7 @@ class InventoryLab:
     def holder_binary(self, name: str) -> str | None:
         """The packet holder's path on host `name`: its `holder_path`; None for this machine's
         build (right for hosts that share its files)."""
-        given = self._holders[self.host(name).name]
+        given = self._inventory.host(self.host(name).name).vars.get(HOLDER_VAR)
         return str(given) if given else None
 
     @property

@@ -33,15 +33,19 @@ from testbed.lab.system import SystemRunner
 from testbed.netem.detect import BackendName, netem_available
 from testbed.netem.holder_process import HolderProcess
 from testbed.netem.nfqueue import (
+    bound_queues,
+    chains_text,
+    ensure_jumps,
     holder_spec,
     holder_tag,
     needs_holder,
     queue_numbers,
+    saved_rules,
 )
 from testbed.netem.paths import impaired_paths
 from testbed.netem.profile import LinkProfile
-from testbed.netem.shaper import ShapedFlow, flow_commands, indexed_devices
-from testbed.netem.tcnetem import netem_args
+from testbed.netem.shaper import ShapedFlow, flow_commands, indexed_devices, shaped_ports
+from testbed.netem.tcnetem import netem_args, netem_count
 from testbed.topo.model import PathKind
 
 HOLD_CHAIN = "TB-HOLD"
@@ -177,16 +181,8 @@ def host_parts(
 
 
 def egress_commands(hops: list[Hop], leaf: Any) -> list[list[str]]:
-    """tc commands for the HTB classes (and leaves) of `hops`, path by path (one profile per
-    device and path)."""
-    cmds: list[list[str]] = []
-    for path in CLASS_BASE:
-        on_path = [h for h in hops if h.path == path]
-        more, _ = flow_commands([h.flow for h in on_path], {h.device: h.profile for h in on_path},
-                                leaf)  # fmt: skip
-        cmds += [
-            argv for argv in more if argv[:3] != ["tc", "qdisc", "replace"] or argv not in cmds
-        ]
+    """tc commands for the HTB classes (and leaves) of `hops`, each with its own profile."""
+    cmds, _ = flow_commands([(h.flow, h.profile) for h in hops], leaf)
     return cmds
 
 
@@ -198,11 +194,6 @@ def host_holder(site: HostSite, host: LabHost) -> HolderProcess:
         f"{holder_tag(site.name)}-{host.name}",
         str(PurePosixPath(str(host.workdir)) / IMPAIR_DIR),
     )
-
-
-def _restore_text(ingress: list[Hop]) -> str:
-    lines = ["*mangle", f":{HOLD_CHAIN} - [0:0]", *(" ".join(h.rule()) for h in ingress)]
-    return "\n".join([*lines, "COMMIT", ""])
 
 
 class HostSideBackend:
@@ -251,15 +242,10 @@ class HostSideBackend:
     def _hold(self, lab: HostSite, part: HostPart, every: list[tuple[int, LabHost]]) -> int | None:
         """Ingress rules and the holder of one host (`every`: the lab's indexed devices)."""
         runner, holder = lab.host_runner(part.host.name), host_holder(lab, part.host)
-        probe = ["iptables", "-w", "5", "-t", "mangle", "-C", "PREROUTING", "-j", HOLD_CHAIN]
-        if runner.dry_run or not runner.run(probe, query=True, check=False).ok:
-            runner.run(["iptables", "-w", "5", "-t", "mangle", "-N", HOLD_CHAIN], check=False,
-                       error=ImpairmentError)  # fmt: skip
-            runner.run(["iptables", "-w", "5", "-t", "mangle", "-A", "PREROUTING", "-j",
-                        HOLD_CHAIN], error=ImpairmentError)  # fmt: skip
+        ensure_jumps(runner, [(HOLD_CHAIN, "PREROUTING")])
         rules = ["iptables-restore", "--wait=5", "--noflush"]
         if not part.ingress:  # rules go before the holder: a queue without one drops
-            runner.run(rules, input=_restore_text([]), error=ImpairmentError)
+            runner.run(rules, input=chains_text([HOLD_CHAIN], []), error=ImpairmentError)
             holder.stop()
             return None
         held = {path: {h.device: h.profile for h in part.ingress if h.path == path}
@@ -267,13 +253,17 @@ class HostSideBackend:
         spec = holder_spec(holder.generation() + 1, every, held["primary"], held["backup"],
                            only={h.queue for h in part.ingress})  # fmt: skip
         pid = holder.load(spec)  # the holder binds its queues before the rules fill them
-        runner.run(rules, input=_restore_text(part.ingress), error=ImpairmentError)
+        runner.run(
+            rules,
+            input=chains_text([HOLD_CHAIN], [h.rule() for h in part.ingress]),
+            error=ImpairmentError,
+        )
         return pid
 
     def _reset_egress(self, runner: SystemRunner, ports: list[str]) -> None:
         """Remove our HTB roots from a host's link interfaces (not anyone else's qdisc)."""
         for port in ports:
-            if runner.dry_run or _has_our_root(runner, port):
+            if runner.dry_run or port in shaped_ports(runner, None):
                 runner.run(["tc", "qdisc", "del", "dev", port, "root"], check=False,
                            error=ImpairmentError)  # fmt: skip
 
@@ -324,11 +314,11 @@ class HostSideBackend:
         if self.name == "netem":
             for port in part.ports:
                 want = sum(h.flow.port == port for h in part.egress)
-                got = _netem_count(runner, port)
+                got = netem_count(runner, port)
                 if got != want:
                     problems.append(f"{port}: {got} netem qdisc(s), expected {want}")
             return problems
-        saved = [line.split() for line in _saved_rules(runner)]
+        saved = [line.split() for line in saved_rules(runner, [HOLD_CHAIN])]
         for hop in part.ingress:
             if hop.rule() not in saved:
                 problems.append(f"missing rule: {' '.join(hop.rule())}")
@@ -337,7 +327,7 @@ class HostSideBackend:
         if part.ingress:
             if host_holder(lab, part.host).pid() is None:
                 problems.append("packet holder is not running")
-            missing = sorted({h.queue for h in part.ingress} - _bound_queues(runner))
+            missing = sorted({h.queue for h in part.ingress} - bound_queues(runner))
             if missing:
                 problems.append(f"no holder bound to queue(s) {missing}")
         return problems
@@ -350,9 +340,9 @@ class HostSideBackend:
         def left_on(part: HostPart) -> list[str]:
             runner, left = lab.host_runner(part.host.name), []
             for port in part.ports:
-                if _has_our_root(runner, port) or _netem_count(runner, port):
+                if port in shaped_ports(runner, None) or netem_count(runner, port):
                     left.append(f"{part.host.name}: qdisc on {port}")
-            if _saved_rules(runner):
+            if saved_rules(runner, [HOLD_CHAIN]):
                 left.append(f"{part.host.name}: rules in {HOLD_CHAIN}")
             if host_holder(lab, part.host).pid() is not None:
                 left.append(f"{part.host.name}: packet holder still running")
@@ -368,26 +358,3 @@ def link_changes(site: LinkSite) -> list[dict[str, Any]]:
     lab = host_site(site)
     changes = [c for host in lab.hosts for c in host_holder(lab, host).link_changes()]
     return sorted(changes, key=lambda c: float(c.get("at", 0.0)))
-
-
-def _has_our_root(runner: SystemRunner, port: str) -> bool:
-    out = runner.run(["tc", "qdisc", "show", "dev", port], query=True, check=False).stdout
-    return any(line.split()[:3] == ["qdisc", "htb", "1:"] and " root" in line
-               for line in out.splitlines())  # fmt: skip
-
-
-def _netem_count(runner: SystemRunner, port: str) -> int:
-    out = runner.run(["tc", "qdisc", "show", "dev", port], query=True, check=False).stdout
-    return sum(1 for line in out.splitlines() if line.startswith("qdisc netem"))
-
-
-def _saved_rules(runner: SystemRunner) -> list[str]:
-    out = runner.run(["iptables-save", "-t", "mangle"], query=True, check=False).stdout
-    return [line for line in out.splitlines() if line.startswith(f"-A {HOLD_CHAIN} ")]
-
-
-def _bound_queues(runner: SystemRunner) -> set[int]:
-    out = runner.run(["cat", "/proc/net/netfilter/nfnetlink_queue"], query=True,
-                     check=False).stdout  # fmt: skip
-    return {int(p[0]) for p in (line.split() for line in out.splitlines())
-            if len(p) >= 2 and p[0].isdigit() and p[1] != "0"}  # fmt: skip

@@ -18,6 +18,7 @@ The holder is run through the lab's runner (`holder_process`), here or on a midd
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from testbed.errors import ImpairmentError, PrivilegeError
@@ -162,10 +163,42 @@ def needs_holder(profile: LinkProfile) -> bool:
 
 def restore_text(rules: list[Rule]) -> str:
     """iptables-restore input (with --noflush) that empties our chains and fills them."""
-    lines = ["*mangle", f":{CHAIN_UP} - [0:0]", f":{CHAIN_DOWN} - [0:0]"]
-    lines += [" ".join(r.args()) for r in rules]
-    lines += ["COMMIT", ""]
-    return "\n".join(lines)
+    return chains_text((CHAIN_UP, CHAIN_DOWN), [r.args() for r in rules])
+
+
+def chains_text(chains: Sequence[str], rules: list[list[str]]) -> str:
+    """iptables-restore input (with --noflush) that empties mangle `chains` and appends
+    `rules` (each the words of one `-A CHAIN ...`)."""
+    lines = ["*mangle", *(f":{c} - [0:0]" for c in chains), *(" ".join(r) for r in rules)]
+    return "\n".join([*lines, "COMMIT", ""])
+
+
+def ensure_jumps(
+    runner: SystemRunner, jumps: Sequence[tuple[str, str]], netns: str | None = None
+) -> None:
+    """Make each (chain, hook) mangle chain and the hook's jump to it, where missing."""
+    for chain, hook in jumps:
+        probe = ["iptables", "-w", "5", "-t", "mangle", "-C", hook, "-j", chain]
+        if runner.dry_run or not runner.run(probe, netns=netns, query=True, check=False).ok:
+            runner.run(["iptables", "-w", "5", "-t", "mangle", "-N", chain], netns=netns,
+                       check=False, error=ImpairmentError)  # fmt: skip
+            runner.run(["iptables", "-w", "5", "-t", "mangle", "-A", hook, "-j", chain],
+                       netns=netns, error=ImpairmentError)  # fmt: skip
+
+
+def saved_rules(runner: SystemRunner, chains: Sequence[str], netns: str | None = None) -> list[str]:
+    """The `-A` lines of mangle `chains` as iptables-save prints them now."""
+    out = runner.run(["iptables-save", "-t", "mangle"], netns=netns, query=True, check=False)
+    return [line for line in out.stdout.splitlines() if line.startswith(
+        tuple(f"-A {c} " for c in chains))]  # fmt: skip
+
+
+def bound_queues(runner: SystemRunner, netns: str | None = None) -> set[int]:
+    """NFQUEUE numbers a process is bound to now (in `netns`)."""
+    out = runner.run(["cat", "/proc/net/netfilter/nfnetlink_queue"], netns=netns, query=True,
+                     check=False).stdout  # fmt: skip
+    return {int(p[0]) for p in (line.split() for line in out.splitlines())
+            if len(p) >= 2 and p[0].isdigit() and p[1] != "0"}  # fmt: skip
 
 
 class NfqueueBackend:
@@ -190,7 +223,7 @@ class NfqueueBackend:
         r, sw = self.runner, lab.bridge_netns
         paths = impaired_paths(lab, profiles, backup)
         self._enable_br_netfilter(sw)
-        self._ensure_chains(sw)
+        ensure_jumps(self.runner, ((CHAIN_UP, "PREROUTING"), (CHAIN_DOWN, "POSTROUTING")), sw)
         rules = _all_rules(paths)
         queued = {(rule.path, rule.device) for rule in rules}
         state: dict[str, object] = {"holder_pid": None, "holder": None, "shaped_ports": []}
@@ -242,7 +275,7 @@ class NfqueueBackend:
         sw, problems = lab.bridge_netns, []
         paths = impaired_paths(lab, profiles, backup)
         rules = _all_rules(paths)
-        saved = self._saved_rules(sw)
+        saved = saved_rules(self.runner, (CHAIN_UP, CHAIN_DOWN), sw)
         for rule in rules:
             if not any(_matches(rule, line) for line in saved):
                 problems.append(f"missing rule: {' '.join(rule.args())}")
@@ -256,7 +289,7 @@ class NfqueueBackend:
             pid = state.get("holder_pid")
             if site_holder(lab, self.runner).pid() != pid:
                 problems.append(f"packet holder (pid {pid}) is not running")
-            bound = self._bound_queues(sw)
+            bound = bound_queues(self.runner, sw)
             missing = sorted(queues - bound)
             if missing:
                 problems.append(f"no holder bound to queue(s) {missing}")
@@ -275,7 +308,7 @@ class NfqueueBackend:
     def verify_clear(self, lab: LinkSite) -> None:
         if self.runner.dry_run:
             return
-        saved = self._saved_rules(lab.bridge_netns)
+        saved = saved_rules(self.runner, (CHAIN_UP, CHAIN_DOWN), lab.bridge_netns)
         if saved:
             raise ImpairmentError(f"rules left after clear in {lab.bridge_netns}: {saved}")
         shaped = shaper.shaped_ports(self.runner, lab.bridge_netns)
@@ -299,16 +332,6 @@ class NfqueueBackend:
                 )
         self.runner.run(["sysctl", "-qw", f"{key}=1"], netns=netns, error=ImpairmentError)
 
-    def _ensure_chains(self, netns: str) -> None:
-        r = self.runner
-        for chain, hook in ((CHAIN_UP, "PREROUTING"), (CHAIN_DOWN, "POSTROUTING")):
-            probe = ["iptables", "-w", "5", "-t", "mangle", "-C", hook, "-j", chain]
-            if r.dry_run or not r.run(probe, netns=netns, query=True, check=False).ok:
-                r.run(["iptables", "-w", "5", "-t", "mangle", "-N", chain], netns=netns,
-                      check=False, error=ImpairmentError)  # fmt: skip
-                r.run(["iptables", "-w", "5", "-t", "mangle", "-A", hook, "-j", chain],
-                      netns=netns, error=ImpairmentError)  # fmt: skip
-
     def _flush(self, netns: str) -> None:
         for chain in (CHAIN_UP, CHAIN_DOWN):
             self.runner.run(
@@ -318,32 +341,11 @@ class NfqueueBackend:
                 error=ImpairmentError,
             )
 
-    def _saved_rules(self, netns: str) -> list[str]:
-        out = self.runner.run(
-            ["iptables-save", "-t", "mangle"], netns=netns, query=True, check=False
-        ).stdout
-        return [
-            line
-            for line in out.splitlines()
-            if line.startswith((f"-A {CHAIN_UP} ", f"-A {CHAIN_DOWN} "))
-        ]
-
     def _jumps_present(self, netns: str) -> bool:
         out = self.runner.run(
             ["iptables-save", "-t", "mangle"], netns=netns, query=True, check=False
         ).stdout
         return f"-A PREROUTING -j {CHAIN_UP}" in out and f"-A POSTROUTING -j {CHAIN_DOWN}" in out
-
-    def _bound_queues(self, netns: str) -> set[int]:
-        res = self.runner.run(
-            ["cat", "/proc/net/netfilter/nfnetlink_queue"], netns=netns, query=True, check=False
-        )
-        bound = set()
-        for line in res.stdout.splitlines():
-            parts = line.split()
-            if len(parts) >= 2 and parts[0].isdigit() and parts[1] != "0":
-                bound.add(int(parts[0]))
-        return bound
 
     def _stop_holder(self, lab: LinkSite) -> None:
         """Stop the lab's holder, and here any other process tagged as the lab's holder (one

@@ -70,20 +70,18 @@ def htb_commands(
     leaf: Leaf | None = None,
 ) -> tuple[list[list[str]], list[str]]:
     """(tc argv lists, ports touched) that set up classes (and leaves) for `profiles`."""
-    return flow_commands(flows(server, devices), profiles, leaf)
+    shaped = [(f, profiles[f.device]) for f in flows(server, devices) if f.device in profiles]
+    return flow_commands(shaped, leaf)
 
 
 def flow_commands(
-    shaped: list[ShapedFlow], profiles: dict[str, LinkProfile], leaf: Leaf | None = None
+    shaped: list[tuple[ShapedFlow, LinkProfile]], leaf: Leaf | None = None
 ) -> tuple[list[list[str]], list[str]]:
-    """(tc argv lists, ports touched) that give each of `shaped` (a device's profile in
-    `profiles`) an HTB class with its rate and, from `leaf`, a leaf qdisc."""
+    """(tc argv lists, ports touched) that give each (flow, its profile) of `shaped` an HTB
+    class with its rate and, from `leaf`, a leaf qdisc; one HTB root per port."""
     cmds: list[list[str]] = []
     rooted: list[str] = []
-    for flow in shaped:
-        prof = profiles.get(flow.device)
-        if prof is None:
-            continue
+    for flow, prof in shaped:
         leaf_args = leaf(prof, flow.direction) if leaf else None
         if prof.rate_mbit is None and leaf_args is None:
             continue
@@ -125,7 +123,7 @@ def clear_commands(ports: list[str]) -> list[list[str]]:
     return [["tc", "qdisc", "del", "dev", p, "root"] for p in ports]
 
 
-def shaped_ports(runner: SystemRunner, netns: str) -> list[str]:
+def shaped_ports(runner: SystemRunner, netns: str | None) -> list[str]:
     """Ports in `netns` that carry one of our HTB roots now (read from the system)."""
     out = runner.run(["tc", "qdisc", "show"], netns=netns, query=True, check=False).stdout
     ports = []

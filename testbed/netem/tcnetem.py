@@ -42,6 +42,12 @@ def netem_args(profile: LinkProfile, direction: str) -> list[str]:
     return args
 
 
+def netem_count(runner: SystemRunner, port: str, netns: str | None = None) -> int:
+    """How many netem qdiscs `port` carries now (in `netns`)."""
+    out = runner.run(["tc", "qdisc", "show", "dev", port], netns=netns, query=True, check=False)
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("qdisc netem"))
+
+
 class TcNetemBackend:
     """tc netem on the bridge ports (delay, jitter, loss; rate through HTB)."""
 
@@ -74,12 +80,6 @@ class TcNetemBackend:
     def clear(self, lab: LinkSite, state: dict[str, object]) -> None:
         shaper.reset(self.runner, lab.bridge_netns, list(state.get("shaped_ports") or []))
 
-    def _netem_count(self, lab: LinkSite, port: str) -> int:
-        out = self.runner.run(
-            ["tc", "qdisc", "show", "dev", port], netns=lab.bridge_netns, query=True, check=False
-        ).stdout
-        return sum(1 for line in out.splitlines() if line.startswith("qdisc netem"))
-
     def verify(
         self,
         lab: LinkSite,
@@ -106,7 +106,7 @@ class TcNetemBackend:
         problems = [
             f"{port}: {got} netem qdisc(s), expected {want}"
             for port, want in expected.items()
-            if (got := self._netem_count(lab, port)) != want
+            if (got := netem_count(self.runner, port, lab.bridge_netns)) != want
         ] + problems
         if problems:
             raise ImpairmentError(
@@ -118,6 +118,6 @@ class TcNetemBackend:
             return
         left = shaper.shaped_ports(self.runner, lab.bridge_netns)
         ports = [h.port for h in lab.hosts] + backup_ports(lab)
-        left += [port for port in ports if self._netem_count(lab, port)]
+        left += [port for port in ports if netem_count(self.runner, port, lab.bridge_netns)]
         if left:
             raise ImpairmentError(f"netem/HTB qdiscs left after clear on {sorted(set(left))}")

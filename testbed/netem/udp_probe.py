@@ -91,7 +91,9 @@ def echo(args: argparse.Namespace) -> int:
 
 def _recv_time(anc: list[tuple[int, int, bytes]], user: bool = False) -> int:
     """The kernel receive timestamp in `anc`; the time now when `user` or when it has none."""
-    for level, kind, payload in anc if not user else ():
+    if user:
+        return time.time_ns()
+    for level, kind, payload in anc:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
             sec, nsec = struct.unpack("qq", payload[:16])
             if sec:
