@@ -19,6 +19,7 @@ from testbed.hosts import dump_inventory, load_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 ANSIBLE = REPO / "ansible"
+HOLDER_C = REPO / "testbed" / "netem" / "holder.c"
 BIN = Path(sys.executable).parent
 VAULT_PASSWORD = "f-site-test-password"
 PROTOCOL_KEY = "f-site-test-protocol-key-0123456789abcdef"
@@ -143,6 +144,7 @@ def test_first_run_provisions_every_host(site: Site) -> None:
         netem = json.loads((work / "facts" / "netem.json").read_text())
         assert isinstance(netem["sch_netem"], bool) and isinstance(netem["ifb"], bool)
         assert netem["backend"] == ("tc-netem" if netem["sch_netem"] else "userspace")
+        check_holder(work, netem)
         key = work / "lab.key"
         assert key.read_text().strip() == PROTOCOL_KEY  # decrypted from the vault
         assert key.stat().st_mode & 0o777 == 0o600
@@ -164,6 +166,20 @@ def test_first_run_provisions_every_host(site: Site) -> None:
     assert f"TESTBED_TARGET_MODEL={server}/models/{site.target}" in env
 
 
+def check_holder(work: Path, netem: dict) -> None:
+    """Where the kernel has no sch_netem (netem_build_holder auto), the role built the packet
+    holder from the current holder.c and named it; elsewhere it built none."""
+    if netem["backend"] == "tc-netem":
+        assert "holder_path" not in netem, netem
+        return
+    holder = Path(netem["holder_path"])
+    assert holder == work / "bin" / "tb-holder" and os.access(holder, os.X_OK), netem
+    assert netem["holder_source_sha256"] == sha256(HOLDER_C) == sha256(work / "src" / "holder.c")
+    assert holder.stat().st_mtime >= (work / "src" / "holder.c").stat().st_mtime
+    usage = subprocess.run([str(holder)], capture_output=True, text=True, timeout=10)
+    assert usage.returncode == 2 and "usage: tb-holder" in usage.stderr, usage
+
+
 def test_second_run_changes_nothing(site: Site) -> None:
     res, recap = site.play()
     assert res.returncode == 0, res.stdout[-4000:]
@@ -171,13 +187,29 @@ def test_second_run_changes_nothing(site: Site) -> None:
 
 
 def test_check_mode_reports_without_changing(site: Site) -> None:
-    placed = Path(site.lab.inventory().host("dev1").workdir) / "models" / "draft.gguf"
+    """dev1 lost its draft model and (without sch_netem) has an older holder.c than its build;
+    dev2 lost its holder build and source: --check changes nothing, a run mends both."""
+    dev1, dev2 = (Path(site.lab.inventory().host(n).workdir) for n in ("dev1", "dev2"))
+    placed = dev1 / "models" / "draft.gguf"
     placed.unlink()
-    res, recap = site.play("--check", "--limit", "dev1")
+    holder = json.loads((dev1 / "facts" / "netem.json").read_text()).get("holder_path")
+    if holder:
+        (dev1 / "src" / "holder.c").write_text("/* an older holder */\n")
+        built = Path(holder).stat().st_mtime_ns
+        for gone in (dev2 / "bin" / "tb-holder", dev2 / "src" / "holder.c"):
+            gone.unlink()
+    res, recap = site.play("--check", "--limit", "dev1,dev2")
     assert res.returncode == 0, res.stdout[-4000:]
     assert recap["dev1"]["changed"] >= 1 and not placed.exists()
-    res, recap = site.play("--limit", "dev1")
+    if holder:
+        assert recap["dev2"]["changed"] >= 1 and not (dev2 / "bin" / "tb-holder").exists()
+        assert Path(holder).stat().st_mtime_ns == built
+    res, recap = site.play("--limit", "dev1,dev2")
     assert res.returncode == 0 and placed.exists()
+    if holder:  # dev1 rebuilt from the current source, dev2 built again
+        assert Path(holder).stat().st_mtime_ns > built
+        for work in (dev1, dev2):
+            check_holder(work, json.loads((work / "facts" / "netem.json").read_text()))
 
 
 def test_bad_model_files_stop_the_play_naming_host_and_file(site: Site) -> None:
@@ -205,14 +237,33 @@ def test_smoke_run_on_lab_kind_inventory_uses_what_ansible_placed(
     site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After the playbook: the same hosts as lab kind `inventory`, the agents started on the
-    model files Ansible placed and verified (read back from each host's facts/models.json)."""
+    model files Ansible placed and verified (read back from each host's facts/models.json),
+    and, impaired on the hosts themselves, each holder started from the build Ansible made
+    (facts/netem.json)."""
     from testbed.hosts import HostControl
-    from testbed.hosts.provisioned import with_placed_models
-    from testbed.lab.physical import describe_namespace_lab
+    from testbed.hosts.provisioned import with_provisioned_facts
+    from testbed.lab import LabSpec, SystemRunner
+    from testbed.lab.physical import InventoryLab, describe_namespace_lab
+    from testbed.netem.api import apply
+    from testbed.netem.profile import LinkProfile
     from testbed.runner.run import execute
 
     with HostControl(load_inventory(site.inventory, site.password_file)) as hc:
-        deployed = with_placed_models(hc)
+        deployed = with_provisioned_facts(hc)
+    on_hosts = describe_namespace_lab(
+        site.lab, list(deployed.hosts), tmp_path / "on-hosts.yml", middlebox=False
+    )
+    spec = LabSpec(name="fsoh", topology=site.lab.topology, inventory=on_hosts,
+                   state_dir=tmp_path / "on-hosts")  # fmt: skip
+    printed: list[str] = []
+    lab = InventoryLab.up(spec, runner=SystemRunner(dry_run=True, echo=printed.append))
+    apply(lab, LinkProfile(rtt_ms=40, loss=0.1), backend="nfqueue")
+    for host in deployed.hosts:
+        built = json.loads((Path(host.workdir) / "facts" / "netem.json").read_text())
+        assert host.vars.get("holder_path") == built.get("holder_path")
+        assert lab.holder_binary(host.name) == built.get("holder_path")
+        if built.get("holder_path"):
+            assert f"setsid {built['holder_path']} --tag" in "\n".join(printed)
     inventory = describe_namespace_lab(site.lab, list(deployed.hosts), tmp_path / "deployed.yml")
     playbook = tmp_path / "smoke.yaml"
     playbook.write_text(SMOKE)

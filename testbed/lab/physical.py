@@ -8,8 +8,11 @@ Fabric layer. Links are impaired in one of two places:
   interface facing it);
 - without a middlebox, on the hosts themselves (testbed.netem.hostside): each host's
   `link_iface` is its own interface on the link, and commands run on it over SSH (here when
-  `ansible_connection: local`). A host without sch_netem runs the packet holder, from its
-  `holder_path` (default: this machine's build, right for hosts that share its files).
+  `ansible_connection: local`). A host without sch_netem runs the packet holder from its
+  `holder_path`: the site playbook builds the holder on such a host and names it in
+  facts/netem.json, which `testbed.hosts.provisioned.with_provisioned_facts` turns into that
+  variable, so the inventory sets it only to override (with neither: this machine's build,
+  right for hosts that share its files).
 
     all:
       children:
@@ -38,6 +41,7 @@ import yaml
 
 from testbed.errors import BadInputError, LabError
 from testbed.hosts.inventory import Inventory, InventoryHost, inventory_document, load_inventory
+from testbed.hosts.provisioned import HOLDER_VAR
 from testbed.lab import naming
 from testbed.lab.backup import BACKUP_IFACE, BackupPlan, PathEnd, load_plan
 from testbed.lab.interface import LinkSite
@@ -51,7 +55,6 @@ BACKUP_PORT_VAR = "middlebox_backup_port"
 BACKUP_IP_VAR = "backup_ip"
 BACKUP_IFACE_VAR = "backup_iface"
 IFACE_VAR = "link_iface"
-HOLDER_VAR = "holder_path"
 
 
 SSH_PERSIST_S = 15
@@ -227,8 +230,9 @@ class InventoryLab:
         return self._runners[self.host(name).name]
 
     def holder_binary(self, name: str) -> str | None:
-        """The packet holder's path on host `name`: its `holder_path`; None for this machine's
-        build (right for hosts that share its files)."""
+        """The packet holder's path on host `name`: its `holder_path` (given, or the build the
+        site playbook made, via with_provisioned_facts); None for this machine's build (right
+        for hosts that share its files)."""
         given = self._inventory.host(self.host(name).name).vars.get(HOLDER_VAR)
         return str(given) if given else None
 
