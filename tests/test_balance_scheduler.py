@@ -15,7 +15,7 @@ from testbed.balance.bench import proven_bound
 from testbed.balance.costmodel import load_cost_model
 from testbed.balance.exact import solve_exact, solve_exhaustive
 from testbed.balance.instances import random_instance
-from testbed.balance.problem import AD, SD, UNSERVED, Instance, is_feasible, usage
+from testbed.balance.problem import AD, SD, UNSERVED, Instance, Timing, is_feasible, usage
 from testbed.errors import BadInputError
 
 
@@ -109,7 +109,7 @@ def test_admission_never_exceeds_capacity_and_names_the_short_resource():
     assert ctl.free_compute == pytest.approx(inst.compute_capacity - used.compute)
     assert ctl.free_memory == pytest.approx(inst.memory_capacity - used.memory)
     for i in np.flatnonzero(modes != UNSERVED):
-        ctl.release(int(modes[i]), inst.compute[i], inst.memory[i])
+        ctl.release(int(i))
     assert ctl.free_compute == pytest.approx(inst.compute_capacity)
     assert ctl.members == {AD: 0, SD: 0}
 
@@ -233,3 +233,86 @@ def test_a_user_only_a_shut_mode_can_serve_opens_it_when_its_setup_fits_now():
     small = replace(inst, memory_capacity=2.5)  # SD's setup and the user need 3.0
     (short,) = AdmissionController(small).offer_priced(np.arange(1), plan, np.ones(1))
     assert short.mode == UNSERVED and "setup" in short.reason
+
+
+PERIOD = 0.05
+SLACK_PLAN = Plan((AD, SD), (AD, SD), True, price_compute=0.0, price_memory=0.0, span_s=1.0)
+
+
+def waiting_lab(memory: list[float], arrival: list[float], deadline: list[float]):
+    """An admission controller over users with one memory need in both modes, a small
+    compute share, a window of their deadline less two periods and a pace far below the top."""
+    n = len(memory)
+    mem = np.array(memory, dtype=float)
+    inst = Instance(
+        compute=np.full((n, 2), 0.05),
+        memory=np.stack([mem, mem], axis=1),
+        compute_capacity=1.0,
+        memory_capacity=1.0,
+    )
+    window = np.array(deadline)[:, None] - 2 * PERIOD + np.zeros((1, 2))
+    timing = Timing(
+        arrival=np.array(arrival, dtype=float),
+        deadline=np.array(deadline, dtype=float),
+        window=window,
+        pace=10 / window,
+        top_pace=np.array([1e3, 1e3]),
+        period_s=PERIOD,
+    )
+    return AdmissionController(inst, timing)
+
+
+def test_a_user_with_slack_waits_for_memory_and_starts_when_it_frees():
+    ctl = waiting_lab([0.8, 0.5], arrival=[0.0, 0.1], deadline=[1.0, 2.0])
+    (first,) = ctl.offer_batch(np.array([0]), (AD,), now=0.0, may_wait=True)
+    assert first.admitted and not first.waits
+    (second,) = ctl.offer_batch(np.array([1]), (AD,), now=0.1, may_wait=True)
+    assert second.mode == AD and second.waits
+    assert "starting in 0.90 s" in second.reason and "memory" in second.reason
+    assert ctl.start_due(0.5) == [] and ctl.free_memory == pytest.approx(0.2)
+    ctl.release(0)  # user 0 finished early, at 0.6 s: user 1 need not wait for 1.0 s
+    (start,) = ctl.start_due(0.6)
+    assert (start.uid, start.mode, start.since) == (1, AD, 0.6)
+    late = 0.6 - 0.1 - PERIOD  # its first period of waiting is inside its margin
+    window = 2.0 - 2 * PERIOD
+    assert start.pace == pytest.approx(10 / window * window / (window - late))
+    assert ctl.free_memory == pytest.approx(0.5)
+    assert not ctl.waiting
+
+
+def test_a_user_without_the_slack_to_wait_is_refused_at_once_saying_so():
+    ctl = waiting_lab([0.8, 0.5], arrival=[0.0, 0.1], deadline=[1.0, 0.9])
+    ctl.offer_batch(np.array([0]), (AD,), now=0.0, may_wait=True)
+    (short,) = ctl.offer_batch(np.array([1]), (AD,), now=0.1, may_wait=True)
+    assert short.mode == UNSERVED
+    assert "memory: needs" in short.reason and "no later start meets its deadline" in short.reason
+
+
+def test_without_slack_in_the_plan_no_user_is_made_to_wait():
+    ctl = waiting_lab([0.8, 0.5], arrival=[0.0, 0.1], deadline=[1.0, 2.0])
+    ctl.offer_batch(np.array([0]), (AD,), now=0.0)
+    (second,) = ctl.offer_batch(np.array([1]), (AD,), now=0.1)
+    assert second.mode == UNSERVED and "later start" not in second.reason
+
+
+def test_a_later_arrival_never_takes_memory_promised_to_a_waiting_user():
+    ctl = waiting_lab([0.8, 0.9, 0.15], arrival=[0.0, 0.1, 0.2], deadline=[1.0, 2.0, 1.3])
+    ctl.offer_batch(np.array([0]), (AD,), now=0.0, may_wait=True)
+    (waits,) = ctl.offer_batch(np.array([1]), (AD,), now=0.1, may_wait=True)
+    assert waits.waits  # starts at 1.0 s with 0.9 of the memory
+    (third,) = ctl.offer_batch(np.array([2]), (AD,), now=0.2, may_wait=True)
+    # 0.15 fits beside user 0 now, but would still hold it at 1.0 s beside user 1's 0.9
+    assert third.mode == UNSERVED
+    ctl.release(0)
+    assert [s.uid for s in ctl.start_due(1.0)] == [1]
+    assert ctl.free_memory == pytest.approx(0.1)
+
+
+def test_the_most_urgent_of_equally_priced_arrivals_is_admitted_first():
+    """Zero prices (nothing binds on average): the user who cannot wait goes first, and the
+    one with slack waits for what the first one holds."""
+    ctl = waiting_lab([0.6, 0.6], arrival=[0.0, 0.02], deadline=[1.0, 0.3])
+    ctl.inst.compute[1, 0] = np.inf  # only SD is fast enough for the urgent user
+    relaxed, urgent = ctl.offer_priced(np.arange(2), SLACK_PLAN, ctl.timing.deadline, now=0.05)
+    assert urgent.mode == SD and not urgent.waits
+    assert relaxed.mode in (AD, SD) and relaxed.waits

@@ -7,7 +7,10 @@ modes may open is planned on a window of recent arrivals (`plan_modes`).
 The plan also prices compute and memory (its LP's dual values); the hybrid then admits each
 arrival into the open mode where its priced demand is least, and refuses one whose priced
 demand is too high (`offer_priced`). A user's compute demand is its work over its deadline;
-it keeps that share until it finishes, when `release` returns both resources.
+it keeps that share until it finishes (at the latest by its deadline), when `release`
+returns both resources. When the plan finds that nothing binds (`Plan.slack`), a user who
+fits nowhere now may be admitted with a later start within its slack, on a timeline of what
+every admitted user holds until its deadline (`AdmissionController.start_due` starts it).
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import numpy as np
 
 from agents.balance.modes import AD, MODE_NAMES, SD, UNSERVED
 from testbed.balance.algorithm import prices, schedule, served_all_open
-from testbed.balance.problem import Instance, Schedule
+from testbed.balance.problem import TOLERANCE, Instance, Schedule, Timing
 
 
 @dataclass(frozen=True)
 class Decision:
     mode: int  # UNSERVED when refused
     reason: str
+    waits: bool = False  # admitted with a later start (`AdmissionController.start_due`)
 
     @property
     def admitted(self) -> bool:
@@ -78,6 +82,13 @@ class Plan:
     price_memory: float = 0.0
     span_s: float = 1.0
 
+    @property
+    def slack(self) -> bool:
+        """Neither resource binds over the plan's window: a user who waits for a later start
+        then takes capacity no later arrival needs (under load such waits crowd out the
+        users who would arrive into the freed capacity, so none is offered)."""
+        return self.priced and self.price_compute == 0 and self.price_memory == 0
+
     def cost(self, compute: np.ndarray, memory: np.ndarray, deadline: float) -> np.ndarray:
         """A user's priced demand in each mode (columns AD, SD)."""
         hold = deadline / self.span_s
@@ -123,99 +134,275 @@ def plan_modes(
     return Plan(modes, allowed, True, *prices(sub, modes), span_s)
 
 
+@dataclass
+class Hold:
+    """What an admitted user holds, from `start` until it finishes (at most `end`)."""
+
+    mode: int
+    compute: float
+    memory: float
+    start: float
+    end: float
+    started: bool = False
+
+
+@dataclass(frozen=True)
+class Start:
+    """A user the loop serves from now: its mode, pace (tokens/s) and when its pace counts from."""
+
+    uid: int
+    mode: int
+    pace: float
+    since: float
+
+
 class AdmissionController:
-    """Online admission against the free compute share and memory of one server."""
+    """Online admission against the compute share and memory of one server, over time.
 
-    def __init__(self, inst: Instance) -> None:
+    Every admitted user holds its mode's demands from its start until it finishes, at the
+    latest by its deadline. With `timing`, a user that fits no mode now but would fit once
+    running users reach their deadlines is admitted at once with a later start (it waits
+    within its slack, and its pace and share grow for the shorter time left), and later
+    arrivals are admitted only where they leave every such start intact. Without it, users
+    start on admission and hold until released.
+    """
+
+    def __init__(self, inst: Instance, timing: Timing | None = None) -> None:
         self.inst = inst
-        self.free_compute = inst.compute_capacity
+        self.timing = timing
+        self.free_compute = inst.compute_capacity  # what started users leave (the engine's use)
         self.free_memory = inst.memory_capacity
-        self.members = {AD: 0, SD: 0}
+        self.members = {AD: 0, SD: 0}  # started users per mode
+        self.holds: dict[int, Hold] = {}
+        self.missed: list[int] = []  # admitted to wait, but never started in time
+        self.now = 0.0
 
-    def offer_batch(self, users: np.ndarray, allowed: tuple[int, ...] = (AD, SD)) -> list[Decision]:
+    def offer_batch(
+        self,
+        users: np.ndarray,
+        allowed: tuple[int, ...] = (AD, SD),
+        now: float = 0.0,
+        may_wait: bool = False,
+    ) -> list[Decision]:
         """Admit the most of the users arriving in one period (the scheduler on what is free).
 
-        Users already admitted are never moved; each new one gets a mode or a refusal now.
+        Users already admitted are never moved; each new one gets a mode (now, or a later
+        start within its slack) or a refusal now.
         """
+        self.now = now
         users = np.asarray(users, dtype=int)
+        used_c, used_m, active = self._committed(now)
         sub = Instance(
             compute=self.inst.compute[users],
             memory=self.inst.memory[users],
-            compute_capacity=self.free_compute,
-            memory_capacity=self.free_memory,
+            compute_capacity=self.inst.compute_capacity - used_c,
+            memory_capacity=self.inst.memory_capacity - used_m,
             setup_compute=np.array(
-                [self.inst.setup_compute[m - 1] * (self.members[m] == 0) for m in (AD, SD)]
+                [self.inst.setup_compute[m - 1] * (m not in active) for m in (AD, SD)]
             ),
             setup_memory=np.array(
-                [self.inst.setup_memory[m - 1] * (self.members[m] == 0) for m in (AD, SD)]
+                [self.inst.setup_memory[m - 1] * (m not in active) for m in (AD, SD)]
             ),
         )
         sched = schedule(sub, allowed)
-        for k, i in enumerate(users):
-            if sched.modes[k] != UNSERVED:
-                self._take(int(sched.modes[k]), self.inst.compute[i], self.inst.memory[i], 1)
         reasons = refusals(sub, sched)
-        return [
-            Decision(int(m), reasons.get(k, f"admitted in {MODE_NAMES[int(m)]}"))
-            for k, m in enumerate(sched.modes)
-        ]
+        decisions: dict[int, Decision] = {}
+        for k, i in enumerate(users):
+            mode = int(sched.modes[k])
+            if mode != UNSERVED and self._admit_now(int(i), mode):
+                decisions[k] = Decision(mode, f"admitted in {MODE_NAMES[mode]}")
+        for k, i in enumerate(users):
+            if k not in decisions:
+                why = reasons.get(k, "the start it was scheduled at is held for another user")
+                decisions[k] = self._defer(int(i), allowed, why, may_wait)
+        return [decisions[k] for k in range(len(users))]
 
-    def offer_priced(self, users: np.ndarray, plan: Plan, deadline: np.ndarray) -> list[Decision]:
-        """Admit the period's arrivals by the plan's prices, cheapest priced demand first.
+    def offer_priced(
+        self, users: np.ndarray, plan: Plan, deadline: np.ndarray, now: float = 0.0
+    ) -> list[Decision]:
+        """Admit the period's arrivals by the plan's prices, cheapest priced demand first
+        (the most urgent first among equals: a user with slack can wait, one without cannot).
 
         Each user goes to the open mode whose priced demand is least among those that fit
-        what is free; it is refused when none fits, or when even its cheapest priced demand
-        exceeds PRICE_LIMIT (it would take capacity that serves more users later). A user no
-        open mode can serve in time may open a mode the plan left shut, if it fits now.
+        now, else to the one it fits earliest within its slack; it is refused when none
+        fits in time, or when even its cheapest priced demand exceeds PRICE_LIMIT (it would
+        take capacity that serves more users later). A user no open mode can serve in time
+        may open a mode the plan left shut. Users may wait when the plan has slack.
         """
+        self.now = now
+        may_wait = plan.slack
         users = np.asarray(users, dtype=int)
         cols = [m - 1 for m in plan.modes]
         priced = {
             int(i): plan.cost(self.inst.compute[i], self.inst.memory[i], deadline[i]) for i in users
         }
-        decisions: dict[int, Decision] = {}
-        for i in sorted(priced, key=lambda u: priced[u][cols].min()):
-            modes = plan.modes
+        offered = {}
+        for i in priced:
+            offered[i] = plan.modes
             if not np.isfinite(priced[i][cols]).any():  # only a mode the plan left shut can
-                modes = tuple(m for m in plan.allowed if np.isfinite(priced[i][m - 1]))
-            fit = [m for m in modes if self._fits(i, m)]
-            cheapest = float(priced[i][[m - 1 for m in modes]].min()) if modes else np.inf
-            if cheapest > PRICE_LIMIT:
+                offered[i] = tuple(m for m in plan.allowed if np.isfinite(priced[i][m - 1]))
+        cheapest = {
+            i: float(priced[i][[m - 1 for m in modes]].min()) if modes else np.inf
+            for i, modes in offered.items()
+        }
+        decisions: dict[int, Decision] = {}
+        for i in sorted(priced, key=lambda u: (cheapest[u], self._end(u))):
+            modes = offered[i]
+            if cheapest[i] > PRICE_LIMIT:
                 decisions[i] = Decision(
                     UNSERVED,
-                    f"not worth its share: priced demand {cheapest:.2f} above {PRICE_LIMIT} "
+                    f"not worth its share: priced demand {cheapest[i]:.2f} above {PRICE_LIMIT} "
                     "(the plan's prices of compute and memory)",
                 )
-            elif not fit:
-                decisions[i] = Decision(
-                    UNSERVED,
-                    refusal_reason(
-                        self.inst.compute[i],
-                        self.inst.memory[i],
-                        self.free_compute,
-                        self.free_memory,
-                    ),
-                )
+                continue
+            for mode in sorted(modes, key=lambda m: priced[i][m - 1]):
+                if self._admit_now(i, mode):
+                    decisions[i] = Decision(mode, f"admitted in {MODE_NAMES[mode]}")
+                    break
             else:
-                mode = min(fit, key=lambda m: priced[i][m - 1])
-                self._take(mode, self.inst.compute[i], self.inst.memory[i], 1)
-                decisions[i] = Decision(mode, f"admitted in {MODE_NAMES[mode]}")
+                used_c, used_m, _ = self._committed(now)
+                why = refusal_reason(
+                    self.inst.compute[i],
+                    self.inst.memory[i],
+                    self.inst.compute_capacity - used_c,
+                    self.inst.memory_capacity - used_m,
+                )
+                decisions[i] = self._defer(i, modes, why, may_wait)
         return [decisions[int(i)] for i in users]
 
-    def _fits(self, i: int, mode: int) -> bool:
-        """Whether user i fits in mode now (the mode's setup too, if it is not open)."""
-        col, setup = mode - 1, self.members[mode] == 0
-        compute = self.inst.compute[i, col] + setup * self.inst.setup_compute[col]
-        memory = self.inst.memory[i, col] + setup * self.inst.setup_memory[col]
-        return bool(compute <= self.free_compute and memory <= self.free_memory)
+    def start_due(self, now: float) -> list[Start]:
+        """Start the waiting users whose resources are free now: at their reserved start,
+        or earlier if what they wait for finished early. (Users admitted into a start now
+        are started on admission.) A wait whose start was missed (a user ran past its
+        deadline and still holds what it needs) goes on while its window lasts."""
+        self.now = now
+        started = []
+        for uid in sorted((u for u, h in self.holds.items() if not h.started), key=self._end):
+            hold = self.holds.pop(uid)
+            assert self.timing is not None  # only users admitted with a wait are not started
+            if self.timing.slowdown(uid, hold.mode, now) is None:
+                self.missed.append(uid)  # its window is gone: it can no longer make it
+                continue
+            found = self.earliest_start(uid, hold.mode, now, latest=now)
+            if found is None:
+                self.holds[uid] = hold
+                continue
+            _, share = found
+            pace, since = self._pace(uid, hold.mode, now)
+            self.holds[uid] = Hold(hold.mode, share, hold.memory, now, hold.end, True)
+            self._take(hold.mode, share, hold.memory, 1)
+            started.append(Start(uid, hold.mode, pace, since))
+        return started
 
-    def release(self, mode: int, compute: np.ndarray, memory: np.ndarray) -> None:
-        """Give back what an admitted user held (it finished or left)."""
-        self._take(mode, compute, memory, sign=-1)
+    @property
+    def waiting(self) -> bool:
+        """Whether some admitted user has not started yet."""
+        return any(not h.started for h in self.holds.values())
 
-    def _take(self, mode: int, compute: np.ndarray, memory: np.ndarray, sign: int) -> None:
+    def release(self, uid: int) -> None:
+        """Give back what user uid held (it finished, or left before it started)."""
+        hold = self.holds.pop(uid)
+        if hold.started:
+            self._take(hold.mode, hold.compute, hold.memory, -1)
+
+    def earliest_start(
+        self, i: int, mode: int, now: float, latest: float = np.inf
+    ) -> tuple[float, float] | None:
+        """(start, compute share) of user i in mode: the first time from now, and no later
+        than `latest`, at which it fits beside every hold until its deadline; None if none."""
+        col = mode - 1
+        if not np.isfinite(self.inst.compute[i, col]):
+            return None
+        end = self._end(i)
+        candidates = [now] + sorted(h.end for h in self.holds.values() if now < h.end < end)
+        for start in candidates:
+            if start > latest:
+                return None
+            factor = 1.0 if self.timing is None else self.timing.slowdown(i, mode, start)
+            if factor is None:
+                return None  # later starts only need more
+            share = float(self.inst.compute[i, col]) * factor
+            if self._fits_from(mode, share, float(self.inst.memory[i, col]), start, end):
+                return start, share
+        return None
+
+    def _admit_now(self, i: int, mode: int) -> bool:
+        """Start user i in mode now if it fits now and until its deadline."""
+        found = self.earliest_start(i, mode, self.now, latest=self.now)
+        if found is not None:
+            memory = float(self.inst.memory[i, mode - 1])
+            self.holds[i] = Hold(mode, found[1], memory, self.now, self._end(i), True)
+            self._take(mode, found[1], memory, 1)
+        return found is not None
+
+    def _defer(self, i: int, modes: tuple[int, ...], why_not_now: str, may_wait: bool) -> Decision:
+        """Admit user i at its earliest start in any of modes (if it may wait), or refuse it,
+        saying why."""
+        may_wait = may_wait and self.timing is not None
+        options = [
+            (found[0], float(self.inst.memory[i, m - 1]), m, found[1])
+            for m in modes
+            if may_wait and (found := self.earliest_start(i, m, self.now))
+        ]
+        if not options:
+            wait = "; no later start meets its deadline" if may_wait else ""
+            return Decision(UNSERVED, why_not_now + wait)
+        start, memory, mode, share = min(options)
+        self.holds[i] = Hold(mode, share, memory, start, self._end(i))
+        return Decision(
+            mode,
+            f"admitted in {MODE_NAMES[mode]}, starting in {start - self.now:.2f} s "
+            f"when held resources free up (now: {why_not_now})",
+            waits=True,
+        )
+
+    def _end(self, i: int) -> float:
+        return np.inf if self.timing is None else self.timing.end(i)
+
+    def _pace(self, i: int, mode: int, now: float) -> tuple[float, float]:
+        """Pace and since of user i started now: from its arrival on admission, else from now."""
+        assert self.timing is not None
+        col, arrival = mode - 1, float(self.timing.arrival[i])
+        factor = self.timing.slowdown(i, mode, now) or np.inf
+        if factor == 1.0:
+            return float(self.timing.pace[i, col]), arrival
+        return float(self.timing.pace[i, col]) * factor, now
+
+    def _active(self, hold: Hold, t: float) -> bool:
+        """Whether hold is held at t (a started user past its deadline holds until it ends)."""
+        return hold.start <= t and (t < hold.end or (hold.started and t <= self.now))
+
+    def _committed(self, t: float) -> tuple[float, float, set[int]]:
+        """Compute and memory held at t, setups included, and the modes open then."""
+        active = [h for h in self.holds.values() if self._active(h, t)]
+        modes = {h.mode for h in active}
+        compute = sum(h.compute for h in active) + sum(
+            self.inst.setup_compute[m - 1] for m in modes
+        )
+        memory = sum(h.memory for h in active) + sum(self.inst.setup_memory[m - 1] for m in modes)
+        return float(compute), float(memory), modes
+
+    def _fits_from(
+        self, mode: int, compute: float, memory: float, start: float, end: float
+    ) -> bool:
+        """Whether a user's demands fit beside every hold from start to end (checked where
+        holds begin: between those points what is held only falls)."""
+        points = [start] + [h.start for h in self.holds.values() if start < h.start < end]
+        slack = 1 + TOLERANCE
+        for t in points:
+            used_c, used_m, open_modes = self._committed(t)
+            setup = mode not in open_modes
+            need_c = compute + setup * self.inst.setup_compute[mode - 1]
+            need_m = memory + setup * self.inst.setup_memory[mode - 1]
+            if used_c + need_c > self.inst.compute_capacity * slack:
+                return False
+            if used_m + need_m > self.inst.memory_capacity * slack:
+                return False
+        return True
+
+    def _take(self, mode: int, compute: float, memory: float, sign: int) -> None:
         col = mode - 1
         setup = self.members[mode] == 0 if sign > 0 else self.members[mode] == 1
         self.members[mode] += sign
-        self.free_compute -= sign * (compute[col] + setup * self.inst.setup_compute[col])
-        self.free_memory -= sign * (memory[col] + setup * self.inst.setup_memory[col])
+        self.free_compute -= sign * (compute + setup * self.inst.setup_compute[col])
+        self.free_memory -= sign * (memory + setup * self.inst.setup_memory[col])

@@ -70,11 +70,13 @@ def default_service(cost: CostModel, fixed_share: float = 0.25, period_s: float 
 
 @dataclass(frozen=True)
 class Demands:
-    """Per user and mode (n x 2, columns AD, SD): compute share, memory, pace (tokens/s)."""
+    """Per user and mode (n x 2, columns AD, SD): compute share, memory, pace (tokens/s),
+    and window: the seconds a user started on arrival has to make its tokens (d_eff)."""
 
     compute: np.ndarray
     memory: np.ndarray
     pace: np.ndarray
+    window: np.ndarray
 
 
 def user_demands(cost: CostModel, users: Users, service: Service) -> Demands:
@@ -98,9 +100,56 @@ def user_demands(cost: CostModel, users: Users, service: Service) -> Demands:
         ok = pace <= service.rate(mode) * per_step
         share = np.where(ok, work / np.maximum(d_eff, 1e-12), np.inf)
         memory = cost.kv_bytes(mode, (users.prompt + users.output).astype(float))
-        cols.append((share, memory, pace))
+        cols.append((share, memory, pace, d_eff))
     ad, sd = cols
-    return Demands(*(np.stack([ad[k], sd[k]], axis=1) for k in range(3)))
+    return Demands(*(np.stack([ad[k], sd[k]], axis=1) for k in range(4)))
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When users arrive and how a later start raises what they need.
+
+    A user's first period of waiting is inside its margin (`user_demands`). Started w seconds
+    after that, it has window - w seconds left for the same tokens and work, so its pace and
+    compute share grow by window / (window - w); the start is too late once the window is
+    gone or the pace exceeds what its mode can step at (`top_pace`). Whatever start, it holds
+    its resources until at most its absolute deadline (`end`).
+    """
+
+    arrival: np.ndarray  # absolute, seconds
+    deadline: np.ndarray  # seconds from arrival
+    window: np.ndarray  # n x 2
+    pace: np.ndarray  # n x 2, tokens/s when started on arrival
+    top_pace: np.ndarray  # per mode (AD, SD): tokens/s its step rate gives a user
+    period_s: float
+
+    def end(self, i: int) -> float:
+        return float(self.arrival[i] + self.deadline[i])
+
+    def slowdown(self, i: int, mode: int, start: float) -> float | None:
+        """Factor on user i's pace and share in mode when started at `start`; None: too late."""
+        col = mode - 1
+        late = max(0.0, start - float(self.arrival[i]) - self.period_s)
+        left = float(self.window[i, col]) - late
+        if left <= 0:
+            return None
+        factor = float(self.window[i, col]) / left
+        return factor if self.pace[i, col] * factor <= self.top_pace[col] else None
+
+
+def timing_of(
+    cost: CostModel, users: Users, arrival: np.ndarray, service: Service, demands: Demands
+) -> Timing:
+    """The users' timing on a server running `service`."""
+    top = np.array([service.rate(m) * cost.tokens_per_step(m) for m in (AD, SD)])
+    return Timing(
+        arrival=np.asarray(arrival, dtype=float),
+        deadline=np.asarray(users.deadline, dtype=float),
+        window=demands.window,
+        pace=demands.pace,
+        top_pace=top,
+        period_s=service.period_s,
+    )
 
 
 def make_instance(

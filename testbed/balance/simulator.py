@@ -25,6 +25,7 @@ from testbed.balance.problem import (
     Service,
     Users,
     make_instance,
+    timing_of,
     user_demands,
 )
 
@@ -142,16 +143,17 @@ def serve(
 ) -> SimResult:
     """Admission control and the hybrid loop over any executor (simulated or real).
 
-    The hybrid policy re-plans which modes may open, and the prices it admits by, every
-    `replan_s` seconds on the latest arrivals (`admission.plan_modes`, `offer_priced`);
-    AD-only and SD-only have nothing to plan and admit each period's arrivals by the
-    scheduler (`offer_batch`).
+    Every `replan_s` seconds each policy plans on the latest arrivals
+    (`admission.plan_modes`). The hybrid takes from the plan which modes may open and the
+    prices it admits by (`offer_priced`); AD-only and SD-only admit each period's arrivals
+    by the scheduler (`offer_batch`). For all three, the plan also says whether a user who
+    fits nowhere now may wait for a later start (`Plan.slack`).
     """
     users = work.users
     n = len(users)
     demands = user_demands(cost, users, service)
     inst = make_instance(cost, users, memory_budget, service)
-    admission = AdmissionController(inst)
+    admission = AdmissionController(inst, timing_of(cost, users, work.arrival, service, demands))
     rates = {AD: service.ad_steps_per_s, SD: service.sd_rounds_per_s}
     loop = HybridLoop(executor, rates, service.period_s)
     mode = np.full(n, UNSERVED, dtype=np.int8)
@@ -160,38 +162,41 @@ def serve(
     peak = float(fixed)
     order = np.argsort(work.arrival, kind="stable")
     nxt = 0
-    plan: Plan | None = None  # the hybrid's; AD-only and SD-only admit by `offer_batch`
+    plan: Plan | None = None
     planned_at = -np.inf
-    while nxt < n or loop.members:
-        if not loop.members and nxt < n:
+    while nxt < n or loop.members or admission.waiting:
+        now = executor.clock()
+        if not loop.members and not admission.waiting and nxt < n:
             executor.wait_until(float(work.arrival[order[nxt]]))
+            now = executor.clock()
         first = nxt
-        while nxt < n and work.arrival[order[nxt]] <= executor.clock():
+        while nxt < n and work.arrival[order[nxt]] <= now:
             nxt += 1
         arrived = order[first:nxt]
-        replan = policy == "hybrid" and executor.clock() - planned_at >= replan_s
-        if len(arrived) and replan:
+        if len(arrived) and now - planned_at >= replan_s:
             recent = order[max(0, nxt - PLAN_USERS) : nxt]
             span = max(  # the window's arrivals came over this time (rate = len / span)
-                executor.clock() - float(work.arrival[recent[0]]),
+                now - float(work.arrival[recent[0]]),
                 PLAN_MIN_SPAN * float(np.median(users.deadline[recent])),
             )
             plan = plan_modes(inst, recent, users.deadline, span, POLICY_MODES[policy])
-            planned_at = executor.clock()
-        if plan is None or not plan.priced:
-            modes = POLICY_MODES[policy] if plan is None else plan.modes
-            decisions = admission.offer_batch(arrived, modes)
+            planned_at = now
+        if plan is not None and plan.priced and policy == "hybrid":
+            decisions = admission.offer_priced(arrived, plan, users.deadline, now)
         else:
-            decisions = admission.offer_priced(arrived, plan, users.deadline)
+            modes = POLICY_MODES[policy] if plan is None else plan.modes
+            decisions = admission.offer_batch(arrived, modes, now, plan is not None and plan.slack)
         for i, decision in zip(arrived, decisions):
-            if decision.admitted:
-                mode[i] = decision.mode
+            mode[i] = decision.mode
+            if decision.admitted and not decision.waits:
                 pace = float(demands.pace[i, decision.mode - 1])
                 loop.add(int(i), decision.mode, pace, since=float(work.arrival[i]))
+        for start in admission.start_due(now):
+            loop.add(start.uid, start.mode, start.pace, since=start.since)
         peak = max(peak, fixed + inst.memory_capacity - admission.free_memory)
         for uid, t in loop.run_period().items():
             finish[uid] = t
-            admission.release(int(mode[uid]), inst.compute[uid], inst.memory[uid])
+            admission.release(uid)
     met = finish <= work.arrival + users.deadline
     start = float(work.arrival.min()) if n else 0.0
     end = float(np.nanmax(finish)) if np.isfinite(finish).any() else start
