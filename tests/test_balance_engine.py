@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from agents.balance.engine import EngineExecutor
@@ -83,3 +85,39 @@ def test_kv_accounting_matches_the_growth_of_resident_memory(tiny_pair, tmp_path
     )
     check = check_memory(cost, tiny_pair.draft_hf, tiny_pair.target_hf, users=48, tokens=200)
     assert 0.95 <= check.ratio <= 1.25
+
+
+def test_profile_times_every_step_in_turns_so_a_slow_moment_costs_one_run_of_each():
+    from testbed.balance.profile import interleaved_medians
+
+    order: list[str] = []
+    clock = {"slow": False}
+
+    def step(name: str, seconds: float):
+        def run() -> None:
+            order.append(name)
+            time.sleep(seconds * (20 if clock["slow"] else 1))
+            if len(order) == 2 + 2 * 3:  # after round 3 of 7 the host slows for one round
+                clock["slow"] = True
+            elif len(order) == 2 + 2 * 4:
+                clock["slow"] = False
+
+        return run
+
+    medians = interleaved_medians({"a": step("a", 0.002), "b": step("b", 0.001)}, repeats=7)
+    assert order == ["a", "b"] * 8  # a warm-up round, then 7 rounds in turns
+    assert medians["a"] == pytest.approx(0.002, abs=0.0015)
+    assert medians["b"] == pytest.approx(0.001, abs=0.0015)
+
+
+def test_profile_of_the_tiny_pair_fits_every_point_it_timed(tiny_pair):
+    from testbed.balance.profile import measure_cost_model
+
+    cost = measure_cost_model(tiny_pair.draft_hf, tiny_pair.target_hf, batches=(1, 4), repeats=3)
+    assert set(cost.points) == {"target_decode", "draft_decode", "verify"}
+    assert all([b for b, _ in pts] == [1, 4] for pts in cost.points.values())
+    assert all(t > 0 for pts in cost.points.values() for _, t in pts)
+    assert cost.target.decode.fixed_s + cost.target.decode.per_seq_s > 0
+    assert cost.target.prefill_per_token_s > 0 and cost.draft.prefill_per_token_s > 0
+    assert cost.target.weights_bytes > cost.draft.weights_bytes
+    assert 0 < cost.acceptance < 1

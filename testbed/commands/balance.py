@@ -74,7 +74,7 @@ def profile(
     out: Path = typer.Option(DEFAULT_PROFILE, help="where to write the cost model (JSON)"),
     draft_len: int = typer.Option(4, "--draft-len", "-k", help="drafted tokens per SD round"),
     batches: str = typer.Option("1,2,4,8,16", help="batch sizes to time, comma-separated"),
-    repeats: int = typer.Option(7, help="timing repeats per point (median)"),
+    repeats: int = typer.Option(15, help="timing rounds (each times every point once; median)"),
     threads: int = typer.Option(1, help="CPU threads"),
     device: str = typer.Option("cpu", help="torch device: cpu or cuda"),
 ) -> None:

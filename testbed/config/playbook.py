@@ -186,7 +186,7 @@ class BalanceSection(Strict):
     profile: str | None = Field(
         None, description="cost-model JSON (`testbed profile`); unset: measured once per run"
     )
-    profile_repeats: int = Field(3, ge=1, description="timing repeats when profiling")
+    profile_repeats: int = Field(15, ge=1, description="timing rounds when profiling")
     threads: int = Field(1, ge=1, description="torch threads of the server")
 
     @model_validator(mode="after")
