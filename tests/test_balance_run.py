@@ -179,3 +179,36 @@ def test_server_gets_requests_without_their_answers(balance_run):
         sent = (outcome.store.condition_dir(e["condition"]) / "inputs" / "users.jsonl").read_text()
         rows = [json.loads(line) for line in sent.splitlines()]
         assert len(rows) == 14 and all("reference" not in r and r["prompt"] for r in rows)
+
+
+def test_predicted_throughput_is_the_mean_of_the_simulated_draws(balance_run):
+    """The stored prediction is re-derived from the stored users and cost model: the mean of
+    PREDICTION_DRAWS simulated runs, which differ (drafts accepted at random)."""
+    import numpy as np
+
+    from testbed.balance.problem import default_service
+    from testbed.balance.simulator import simulate
+    from testbed.runner.balance import PREDICTION_DRAWS, workload_of
+
+    outcome, entries, _ = balance_run
+    play = load_playbook(outcome.store.root / "playbook.yaml")
+    entry = entries["sd-only"]
+    users = users_of(outcome, entry).sort_values("uid")
+    cost = load_cost_model(outcome.store.condition_dir(entry["condition"]) / "cost-model.json")
+    b = play.balance
+    work = workload_of(users.to_dict("records"))
+    service = default_service(cost, b.fixed_share, b.period_s)
+    draws = [
+        simulate(cost, work, BUDGET_MIB * 2**20, service, "sd-only", seed=play.seed + k)
+        for k in range(PREDICTION_DRAWS)
+    ]
+    m = entry["metrics"]
+    assert m["predicted_task_throughput"] == pytest.approx(
+        np.mean([d.task_throughput for d in draws])
+    )
+    assert m["predicted_served_in_time"] == pytest.approx(
+        np.mean([d.served_in_time for d in draws])
+    )
+    assert len({tuple(np.round(d.finish, 6)) for d in draws}) > 1  # the draws differ
+    error = m["predicted_task_throughput"] / m["task_throughput"] - 1
+    assert m["predicted_task_throughput_error"] == pytest.approx(error)

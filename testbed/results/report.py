@@ -47,7 +47,8 @@ SUMMARY_NOTES = {  # column header -> its note, printed when the table shows tha
     "number); target acc: the target's own greedy answers to the same problems, strict; "
     "=target: share of ALL answers equal to the target's own greedy answer.",
     "in time": "BALANCE (mode balance): in time: users finished within their deadline; "
-    "tasks/s: those per second of the run, measured and simulated; peak MiB: most memory the "
+    "tasks/s: those per second of the run, measured and simulated (mean of 10 simulated "
+    "runs); peak MiB: most memory the "
     "server's caches and models held; sim err: mean |predicted / measured - 1| of the users' "
     "completion times.",
 }
