@@ -213,7 +213,9 @@ class AdmissionController:
                 decisions[k] = Decision(mode, f"admitted in {MODE_NAMES[mode]}")
         for k, i in enumerate(users):
             if k not in decisions:
-                why = reasons.get(k, "the start it was scheduled at is held for another user")
+                why = reasons.get(
+                    k, "what the scheduler found for it is promised to a waiting user"
+                )
                 decisions[k] = self._defer(int(i), allowed, why, may_wait)
         return [decisions[k] for k in range(len(users))]
 
