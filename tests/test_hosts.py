@@ -3,7 +3,9 @@ files (inventories are tested in test_inventory.py)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,23 @@ def test_dry_run_prints_and_connects_to_nothing(tmp_path: Path) -> None:
     )
     assert "get /w/records.parquet ->" in text
     assert not (tmp_path / "out").exists()
+
+
+def test_dry_run_prints_the_facts_it_would_read() -> None:
+    """`with_provisioned_facts` in a dry run: each read printed, no host contacted, the
+    inventory as it is and no host said to lack facts."""
+    from testbed.hosts.provisioned import with_provisioned_facts
+
+    inv = two_hosts()
+    printed: list[str] = []
+    hc = HostControl(inv, dry_run=True, echo=printed.append)
+    got = with_provisioned_facts(hc)
+    assert got.inventory == inv and got.taken == got.missing == {} and hc._conns == {}
+    text = "\n".join(printed)
+    for host, work in (("root@10.0.0.1 (srv)", "/w"), ("pi@10.0.0.2 (pi1)", "/home/pi/w")):
+        for name in ("models", "netem"):
+            path = f"{work}/facts/{name}.json"
+            assert f"[dry-run] ssh {host}: cd / && test -e {path} || exit 66; cat {path}" in text
 
 
 # --- root: over SSH to the emulated lab ----------------------------------------------------
@@ -194,16 +213,86 @@ def test_start_and_stop_on_every_device(hc: HostControl) -> None:
     assert not any(hc.is_alive(p) for p in procs.values())
 
 
-def test_facts_read_back_per_host(hc: HostControl) -> None:
-    """`read_facts`: each host's facts file as a dict; a host without one fails alone."""
+def write_facts(hc: HostControl, host: str, **files: str) -> Path:
+    """Facts files (name -> text) in `host`'s facts folder, as the site playbook leaves them;
+    returns the folder."""
+    folder = Path(hc.inventory.host(host).workdir) / "facts"
+    folder.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (folder / f"{name}.json").write_text(text)
+    return folder
+
+
+@pytest.fixture
+def facts_folders(hc: HostControl) -> Iterator[None]:
+    """Every host without facts again after the test (the hosts are shared)."""
+    yield
+    for h in hc.inventory.hosts:
+        shutil.rmtree(Path(h.workdir) / "facts", ignore_errors=True)
+
+
+def test_facts_read_back_per_host(hc: HostControl, facts_folders: None) -> None:
+    """`read_facts`: each host's facts file as a dict; None for a host without one (the site
+    playbook has not provisioned it)."""
     from testbed.hosts.provisioned import read_facts
 
-    work = Path(hc.inventory.host("dev1").workdir)
-    (work / "facts").mkdir(exist_ok=True)
-    (work / "facts" / "netem.json").write_text('{"sch_netem": false, "backend": "userspace"}')
-    assert read_facts(hc, "netem", ["dev1"])["dev1"]["backend"] == "userspace"
+    write_facts(hc, "dev1", netem='{"sch_netem": false, "backend": "userspace"}')
+    read = read_facts(hc, "netem", ["dev1", "dev2"])
+    assert read["dev1"]["backend"] == "userspace" and read["dev2"] is None
+
+
+def test_provisioned_facts_fill_what_the_inventory_leaves_unset(
+    hc: HostControl, facts_folders: None
+) -> None:
+    """Paths from the facts where the inventory names none (one it names wins); a host
+    without facts keeps its variables and is listed with the files it lacks."""
+    from testbed.hosts.provisioned import with_provisioned_facts
+
+    write_facts(hc, "dev1", models='{"draft_model": "/m/d.gguf", "draft_model_name": "x"}',
+                netem='{"backend": "userspace", "holder_path": "/b/tb-holder"}')  # fmt: skip
+    write_facts(hc, "dev2", models='{"draft_model": "/m/d2.gguf"}',
+                netem='{"backend": "userspace", "holder_path": "/b/tb-holder"}')  # fmt: skip
+    dev2 = hc.inventory.host("dev2")
+    own = dev2.model_copy(update={"vars": {**dev2.vars, "draft_model": "/mine/d.gguf"}})
+    inv = hc.inventory.model_copy(
+        update={"hosts": tuple(own if h.name == "dev2" else h for h in hc.inventory.hosts)}
+    )
+    with HostControl(inv) as control:
+        got = with_provisioned_facts(control)
+    assert got.taken == {
+        "dev1": {"draft_model": "/m/d.gguf", "holder_path": "/b/tb-holder"},
+        "dev2": {"holder_path": "/b/tb-holder"},
+    }
+    assert got.inventory.host("dev1").vars["draft_model"] == "/m/d.gguf"
+    assert got.inventory.host("dev2").vars["draft_model"] == "/mine/d.gguf"
+    assert got.inventory.host("server").vars == hc.inventory.host("server").vars
+    assert got.missing == {"server": ["facts/models.json", "facts/netem.json"]}
+
+
+def test_bad_facts_name_host_file_and_key(hc: HostControl, facts_folders: None) -> None:
+    """A facts file that is not JSON (or not an object), or a path of the wrong type: an
+    error naming the host, the file and the key."""
+    from testbed.hosts.provisioned import with_provisioned_facts
+
+    dev1 = write_facts(hc, "dev1", models='{"draft_model": "/m/d.gguf",')
+    dev2 = write_facts(hc, "dev2", models='{"draft_model": 3}')
     with pytest.raises(GroupError) as err:
-        read_facts(hc, "netem", ["dev1", "dev2"])
-    assert set(err.value.result.succeeded) == {"dev1"}
-    assert "dev2: no " in err.value.result.reasons()["dev2"]
-    assert "run the site playbook on it first" in str(err.value)
+        with_provisioned_facts(hc)
+    reasons = err.value.result.reasons()
+    assert set(reasons) == {"dev1", "dev2"}
+    assert reasons["dev1"].startswith(f"dev1: {dev1}/models.json: not JSON (")
+    assert reasons["dev2"] == (
+        f"dev2: {dev2}/models.json: draft_model: expected a path (a non-empty string), got 3"
+    )
+    assert "reading facts/models.json failed on 2 of 3 host(s)" in str(err.value)
+    write_facts(hc, "dev1", models='["/m/d.gguf"]')
+    write_facts(hc, "dev2", models="{}", netem='{"backend": "userspace", "holder_path": null}')
+    with pytest.raises(GroupError, match=r"dev1: \S+/models\.json: expected a JSON object, got"):
+        with_provisioned_facts(hc)
+    write_facts(hc, "dev1", models="{}")
+    with pytest.raises(GroupError) as err:
+        with_provisioned_facts(hc, ["dev1", "dev2"])
+    assert err.value.result.reasons() == {
+        "dev2": f"dev2: {dev2}/netem.json: holder_path: expected a path (a non-empty string), "
+        "got None"
+    }

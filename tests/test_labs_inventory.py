@@ -16,7 +16,7 @@ import yaml
 from conftest import require_root_netns
 
 from testbed.errors import BadInputError
-from testbed.hosts.inventory import InventoryHost, inventory_document
+from testbed.hosts.inventory import InventoryHost, inventory_document, load_inventory
 from testbed.lab import EmulatedLab, LabSpec, SystemRunner, lab_class
 from testbed.lab.physical import InventoryLab, describe_namespace_lab
 from testbed.netem.api import apply, clear
@@ -127,7 +127,15 @@ def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts,
     ns = namespace_hosts
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml")
     spec = LabSpec(name="ainvp", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
-    lab = InventoryLab.up(spec)
+    said: list[str] = []
+    lab = InventoryLab.up(spec, progress=said.append)
+    # not provisioned by the site playbook: read leniently, the inventory kept, said once
+    assert lab.inventory().hosts == load_inventory(inv).hosts and lab.from_facts == {}
+    assert lab.without_facts == ["server", "dev1", "dev2"]
+    assert [m for m in said if "facts" in m] == [
+        "no site playbook facts on server, dev1, dev2 (facts/models.json, facts/netem.json): "
+        "their inventory variables are used as is"
+    ]
     try:
         with HostControl(lab.inventory()) as hosts:
             assert all(r.ok for r in hosts.run_all("true").values())
@@ -148,8 +156,6 @@ def test_an_inventory_without_topology_is_its_own_star(tmp_path):
 
     ns = planned_namespace_lab(tmp_path, Topology.star(3, device_class="jetson-orin-nano"))
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml")
-    from testbed.hosts.inventory import load_inventory
-
     topo = inventory_topology(load_inventory(inv), LinkProfile(rtt_ms=30))
     assert [d.name for d in topo.devices] == ["dev1", "dev2", "dev3"]
     assert topo.class_counts() == {"jetson-orin-nano": 3}
@@ -179,6 +185,10 @@ def test_without_a_middlebox_each_host_impairs_its_own_links(tmp_path):
     spec = LabSpec(name="adryh", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
     lab = InventoryLab.up(spec, runner=SystemRunner(dry_run=True, echo=printed.append))
     assert lab.impaired_on_hosts and lab.describe()["impaired_on"] == "hosts"
+    # the site playbook's facts: the reads printed, nothing contacted or taken
+    reads = [line for line in printed if "/facts/" in line]
+    assert len(reads) == 6 and all(line.startswith("[dry-run] ssh root@") for line in reads)
+    assert lab.from_facts == {} and lab.without_facts == []
     server, dev1, dev2 = (f"root@{lab.host(n).ip}" for n in ("server", "dev1", "dev2"))
     apply(lab, LinkProfile(rtt_ms=85, loss=0.1), backend="nfqueue")
     commands = [line for line in printed if "ssh " in line]

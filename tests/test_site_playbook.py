@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import require_root_netns
@@ -236,35 +237,50 @@ SMOKE = (
 def test_smoke_run_on_lab_kind_inventory_uses_what_ansible_placed(
     site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After the playbook: the same hosts as lab kind `inventory`, the agents started on the
-    model files Ansible placed and verified (read back from each host's facts/models.json),
-    and, impaired on the hosts themselves, each holder started from the build Ansible made
-    (facts/netem.json)."""
+    """After the playbook, the site's own hosts as lab kind `inventory`, their inventory naming
+    no model or holder: the lab reads each host's facts itself. Impaired on the hosts, each
+    holder starts from the build Ansible made (facts/netem.json); a dry run prints the reads
+    and contacts no host; a run starts the agents on the model files Ansible placed and
+    verified (facts/models.json), and its manifest records what it took from the facts."""
     from testbed.hosts import HostControl
-    from testbed.hosts.provisioned import with_provisioned_facts
-    from testbed.lab import LabSpec, SystemRunner
+    from testbed.lab import LabSpec
     from testbed.lab.physical import InventoryLab, describe_namespace_lab
-    from testbed.netem.api import apply
+    from testbed.netem.api import apply, clear
     from testbed.netem.profile import LinkProfile
     from testbed.runner.run import execute
 
-    with HostControl(load_inventory(site.inventory, site.password_file)) as hc:
-        deployed = with_provisioned_facts(hc)
-    on_hosts = describe_namespace_lab(
-        site.lab, list(deployed.hosts), tmp_path / "on-hosts.yml", middlebox=False
-    )
+    hosts = list(load_inventory(site.inventory, site.password_file).hosts)
+    facts = {
+        h.name: {n: json.loads((Path(h.workdir) / "facts" / f"{n}.json").read_text())
+                 for n in ("models", "netem")}
+        for h in hosts
+    }  # fmt: skip
+    placed = {
+        h.name: facts[h.name]["models"]["target_model" if h.role == "server" else "draft_model"]
+        for h in hosts
+    }
+    for h in hosts:
+        assert not {"draft_model", "target_model", "holder_path"} & set(h.vars), h.vars
+        assert placed[h.name].startswith(f"{h.workdir}/models/")
+
+    on_hosts = describe_namespace_lab(site.lab, hosts, tmp_path / "on-hosts.yml", middlebox=False)
     spec = LabSpec(name="fsoh", topology=site.lab.topology, inventory=on_hosts,
                    state_dir=tmp_path / "on-hosts")  # fmt: skip
-    printed: list[str] = []
-    lab = InventoryLab.up(spec, runner=SystemRunner(dry_run=True, echo=printed.append))
-    apply(lab, LinkProfile(rtt_ms=40, loss=0.1), backend="nfqueue")
-    for host in deployed.hosts:
-        built = json.loads((Path(host.workdir) / "facts" / "netem.json").read_text())
-        assert host.vars.get("holder_path") == built.get("holder_path")
-        assert lab.holder_binary(host.name) == built.get("holder_path")
-        if built.get("holder_path"):
-            assert f"setsid {built['holder_path']} --tag" in "\n".join(printed)
-    inventory = describe_namespace_lab(site.lab, list(deployed.hosts), tmp_path / "deployed.yml")
+    said: list[str] = []
+    lab = InventoryLab.up(spec, progress=said.append)
+    try:
+        apply(lab, LinkProfile(rtt_ms=40, loss=0.1), backend="nfqueue")
+        for h in hosts:
+            built = facts[h.name]["netem"].get("holder_path")
+            assert lab.holder_binary(h.name) == built
+            if built:
+                assert f"setsid {built} --tag" in "\n".join(lab.host_runner(h.name).actions)
+    finally:
+        clear(lab)
+        lab.down()
+    assert lab.without_facts == [] and not any("no site playbook facts" in m for m in said)
+
+    inventory = describe_namespace_lab(site.lab, hosts, tmp_path / "site.yml")
     playbook = tmp_path / "smoke.yaml"
     playbook.write_text(SMOKE)
     monkeypatch.setenv("TESTBED_LAB_NAME", "fsmk")
@@ -277,10 +293,31 @@ def test_smoke_run_on_lab_kind_inventory_uses_what_ansible_placed(
         env={**os.environ, "COLUMNS": "1000"},
     )  # fmt: skip
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
-    for host in deployed.hosts:
-        placed = host.vars["target_model" if host.role == "server" else "draft_model"]
-        assert placed.startswith(f"{host.workdir}/models/")
-        assert f"--model {placed}" in dry.stdout
-    outcome = execute(playbook, out=tmp_path / "out", inventory=str(inventory), say=lambda _m: None)
+    assert "facts (models, packet holder): read on server, dev1, dev2 in a real run" in dry.stdout
+    for h in hosts:
+        for name in ("models", "netem"):
+            path = f"{h.workdir}/facts/{name}.json"
+            assert f"({h.name}): cd / && test -e {path} || exit 66; cat {path}" in dry.stdout
+        assert placed[h.name] not in dry.stdout  # read in a real run only
+
+    started: list[tuple[str, str]] = []
+    start = HostControl.start
+
+    def recorded(self: HostControl, host: str, name: str, command: str, **kw: Any) -> Any:
+        started.append((self.host(host).name, command))
+        return start(self, host, name, command, **kw)
+
+    monkeypatch.setattr(HostControl, "start", recorded)
+    outcome = execute(playbook, out=tmp_path / "out", inventory=str(inventory), say=said.append)
     journal = outcome.store.journal() if outcome.store else []
     assert (outcome.done, outcome.failed) == (1, 0), json.dumps(journal, default=str)[-3000:]
+    for h in hosts:
+        commands = [command for name, command in started if name == h.name]
+        assert commands and all(f"--model {placed[h.name]} " in c for c in commands), commands
+    assert outcome.store is not None
+    recorded_lab = outcome.store.manifest()["lab"]
+    assert recorded_lab["without_facts"] == []
+    for h in hosts:
+        key = "target_model" if h.role == "server" else "draft_model"
+        assert recorded_lab["from_facts"][h.name][key] == placed[h.name]
+    assert any(m.strip().startswith("from the site playbook's facts: server") for m in said)

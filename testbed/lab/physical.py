@@ -9,10 +9,17 @@ Fabric layer. Links are impaired in one of two places:
 - without a middlebox, on the hosts themselves (testbed.netem.hostside): each host's
   `link_iface` is its own interface on the link, and commands run on it over SSH (here when
   `ansible_connection: local`). A host without sch_netem runs the packet holder from its
-  `holder_path`: the site playbook builds the holder on such a host and names it in
-  facts/netem.json, which `testbed.hosts.provisioned.with_provisioned_facts` turns into that
-  variable, so the inventory sets it only to override (with neither: this machine's build,
-  right for hosts that share its files).
+  `holder_path` (with none: this machine's build, right for hosts that share its files).
+
+The lab reads what the site playbook left on its hosts itself: `up` (for a real run, and for
+the `testbed lab` commands) reads each server's and device's facts/models.json and
+facts/netem.json over Fabric (`testbed.hosts.provisioned.with_provisioned_facts`) and sets the
+host variables `draft_model` / `target_model` (the models Ansible placed, which the runner
+starts the agents on) and `holder_path` (the holder it built), each unless the inventory sets
+it itself, so the inventory needs no paths. A host without facts (not provisioned) keeps its
+variables, and `up` says which; a facts file that is not JSON, or a path that is not a
+string, stops it naming the host, the file and the key. In a dry run the reads are printed,
+not done. `describe()` (the run's manifest) records what was taken from the facts.
 
     all:
       children:
@@ -40,8 +47,9 @@ from typing import ClassVar
 import yaml
 
 from testbed.errors import BadInputError, LabError
+from testbed.hosts.control import HostControl
 from testbed.hosts.inventory import Inventory, InventoryHost, inventory_document, load_inventory
-from testbed.hosts.provisioned import HOLDER_VAR
+from testbed.hosts.provisioned import HOLDER_VAR, with_provisioned_facts
 from testbed.lab import naming
 from testbed.lab.backup import BACKUP_IFACE, BackupPlan, PathEnd, load_plan
 from testbed.lab.interface import LinkSite
@@ -112,6 +120,8 @@ class InventoryLab:
             self.ssh_mux_dir.mkdir(mode=0o700, exist_ok=True)
         self._runners = {h.name: host_runner(h, runner, mux) for h in on_hosts}
         self._hosts = [self._lab_host(h) for h in on_hosts]
+        self.from_facts: dict[str, dict[str, str]] = {}
+        self.without_facts: list[str] = []
         self.backup_plan = self._backup_plan(on_hosts) if spec.topology.has_backup else None
 
     @classmethod
@@ -121,14 +131,43 @@ class InventoryLab:
         runner: SystemRunner | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> InventoryLab:
-        """Read the inventory, check it holds the topology's hosts; nothing is created."""
+        """Read the inventory, check it holds the topology's hosts, and take their variables
+        from what the site playbook left on them (`_take_facts`); nothing is created."""
         if spec.inventory is None:
             raise BadInputError("lab.inventory: required for lab kind inventory")
-        lab = cls(spec, load_inventory(spec.inventory), runner or SystemRunner())
-        if progress:
-            progress(f"inventory {spec.inventory}: {len(lab.devices)} devices")
+        runner = runner or SystemRunner()
+        say = progress or (lambda _msg: None)
+        lab = cls(spec, load_inventory(spec.inventory), runner)
+        say(f"inventory {spec.inventory}: {len(lab.devices)} devices")
+        lab._take_facts(runner, say)
         lab.runner.mkdir(lab.runtime_dir)
         return lab
+
+    def _take_facts(self, runner: SystemRunner, say: Callable[[str], None]) -> None:
+        """Each server's and device's `draft_model` / `target_model` / `holder_path` from its
+        facts files unless the inventory sets it (see the module docstring); says once which
+        hosts have none. With a dry-run `runner`, prints the reads and contacts no host."""
+        names = [h.name for h in self._hosts]
+        with HostControl(self._inventory, dry_run=runner.dry_run, echo=runner.echo) as hc:
+            got = with_provisioned_facts(hc, names)
+        self._inventory = got.inventory
+        self.from_facts, self.without_facts = got.taken, list(got.missing)
+        if runner.dry_run:
+            say(f"site playbook facts (models, packet holder): read on {', '.join(names)} "
+                "in a real run")  # fmt: skip
+            return
+        if got.taken:
+            said = "; ".join(
+                f"{h} {', '.join(f'{k} {v}' for k, v in found.items())}"
+                for h, found in got.taken.items()
+            )
+            say(f"from the site playbook's facts: {said}")
+        if got.missing:
+            lacking: dict[tuple[str, ...], list[str]] = {}
+            for host, files in got.missing.items():
+                lacking.setdefault(tuple(files), []).append(host)
+            where = "; ".join(f"{', '.join(h)} ({', '.join(f)})" for f, h in lacking.items())
+            say(f"no site playbook facts on {where}: their inventory variables are used as is")
 
     def _topology_hosts(self) -> list[InventoryHost]:
         topo = self._spec.topology
@@ -231,8 +270,8 @@ class InventoryLab:
 
     def holder_binary(self, name: str) -> str | None:
         """The packet holder's path on host `name`: its `holder_path` (given, or the build the
-        site playbook made, via with_provisioned_facts); None for this machine's build (right
-        for hosts that share its files)."""
+        site playbook made, read by `up`); None for this machine's build (right for hosts that
+        share its files)."""
         given = self._inventory.host(self.host(name).name).vars.get(HOLDER_VAR)
         return str(given) if given else None
 
@@ -270,6 +309,8 @@ class InventoryLab:
             "topology": self.topology.name,
             "devices": len(self.devices),
             "classes": self.topology.class_counts(),
+            "from_facts": self.from_facts,
+            "without_facts": self.without_facts,
         }
 
     def down(self, keep_files: bool = False) -> list[str]:

@@ -85,9 +85,10 @@ def _import_torch_before_ansible() -> None:
 
 
 @contextmanager
-def running_lab(kind: str, spec: LabSpec) -> Iterator[Lab]:
-    """The lab of `kind` up for the block, and always down after it."""
-    lab = lab_class(kind).up(spec)
+def running_lab(kind: str, spec: LabSpec, say: Callable[[str], None]) -> Iterator[Lab]:
+    """The lab of `kind` up for the block, and always down after it; `say` hears how it came
+    up (on lab kind `inventory`, what it took from the site playbook's facts)."""
+    lab = lab_class(kind).up(spec, progress=lambda msg: say(f"  {msg}"))
     try:
         yield lab
     finally:
@@ -217,7 +218,7 @@ def execute(
     done = failed = 0
     counts = ", ".join(f"{n} {c}" for c, n in spec.topology.class_counts().items())
     say(f"{pb.lab.kind} lab up: {spec.topology.server.name} + {counts} devices")
-    with running_lab(pb.lab.kind, spec) as lab, HostControl(lab.inventory()) as hosts:
+    with running_lab(pb.lab.kind, spec, say) as lab, HostControl(lab.inventory()) as hosts:
         store.update_manifest(
             lab=lab.describe(),
             models={"draft": models.draft, "target": models.target,
@@ -270,7 +271,7 @@ def _dry_run(pb: Playbook, conditions: Sweep, say: Callable[[str], None]) -> Run
     runner = SystemRunner(dry_run=True, echo=lambda line: say(f"  {line}"))
     spec = run_lab_spec(pb, "lab")
     say(f"dry run of {pb.name}: {len(conditions)} conditions; nothing is changed")
-    lab = lab_class(pb.lab.kind).up(spec, runner=runner)
+    lab = lab_class(pb.lab.kind).up(spec, runner=runner, progress=lambda msg: say(f"  {msg}"))
     hosts = HostControl(lab.inventory(), dry_run=True, echo=lambda line: say(f"  {line}"))
     with hosts, tempfile.TemporaryDirectory() as tmp:
         ctx = RunContext(lab, hosts, "<draft>", "<target>", lambda _p, _n: {}, say, dry_run=True)

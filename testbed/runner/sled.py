@@ -68,7 +68,9 @@ class RunContext:
 
 
 def model_on(host: InventoryHost, key: str, default: str) -> str:
-    """A model path on a host: its inventory var (placed by Ansible) or the controller's."""
+    """A model path on a host: its host variable (on lab kind `inventory`, the file the site
+    playbook placed, which the lab took from the host's facts, unless the inventory names
+    one) or the controller's."""
     return str(host.vars.get(key, default))
 
 
