@@ -62,6 +62,9 @@ def test_kind_registry_knows_the_three_kinds():
 def test_impairment_commands_go_over_ssh_to_the_middlebox(tmp_path):
     lab, printed = dry_lab(tmp_path, {"address": "192.0.2.9", "user": "root"})
     assert [h.name for h in lab.devices] == ["dev1", "dev2"]
+    # the holder the site playbook built on the middlebox: its facts read there (printed)
+    (read,) = [line for line in printed if "/tmp/facts/netem.json" in line]
+    assert "ssh " in read and "root@192.0.2.9" in read and lab.holder_path is None
     apply(lab, LinkProfile(rtt_ms=85, loss=0.1), backend="nfqueue")
     tc_or_rules = [line for line in printed if "iptables" in line or " tc " in line]
     assert tc_or_rules
@@ -122,24 +125,44 @@ def namespace_hosts(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts, tmp_path):
+    """Through the middlebox, with the holder the site playbook built there (its
+    facts/netem.json names a copy of this machine's build, which must be what runs)."""
+    import json
+    import os
+    import shutil
+
     from testbed.hosts import HostControl
+    from testbed.netem.holder_build import find_holder
+    from testbed.netem.nfqueue import site_holder
 
     ns = namespace_hosts
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml")
+    built = tmp_path / "mb-bin" / "tb-holder"
+    built.parent.mkdir()
+    shutil.copy2(find_holder().argv[0], built)
+    facts = ns.runtime_dir / "facts" / "netem.json"  # the middlebox's workdir
+    facts.parent.mkdir(parents=True, exist_ok=True)
+    facts.write_text(json.dumps({"sch_netem": False, "backend": "userspace",
+                                 "holder_path": str(built)}))  # fmt: skip
     spec = LabSpec(name="ainvp", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
     said: list[str] = []
     lab = InventoryLab.up(spec, progress=said.append)
-    # not provisioned by the site playbook: read leniently, the inventory kept, said once
-    assert lab.inventory().hosts == load_inventory(inv).hosts and lab.from_facts == {}
+    # the hosts were not provisioned by the site playbook: read leniently, kept, said once
+    assert lab.inventory().hosts == load_inventory(inv).hosts
+    assert lab.from_facts == {"mb": {"holder_path": str(built)}}
+    assert lab.holder_path == str(built)
     assert lab.without_facts == ["server", "dev1", "dev2"]
     assert [m for m in said if "facts" in m] == [
+        f"from the site playbook's facts: mb holder_path {built}",
         "no site playbook facts on server, dev1, dev2 (facts/models.json, facts/netem.json): "
-        "their inventory variables are used as is"
+        "their inventory variables are used as is",
     ]
     try:
         with HostControl(lab.inventory()) as hosts:
             assert all(r.ok for r in hosts.run_all("true").values())
         apply(lab, LinkProfile(rtt_ms=40), backend="nfqueue")
+        pid = site_holder(lab, lab.runner).pid()
+        assert pid is not None and os.readlink(f"/proc/{pid}/exe") == str(built)
         probes = probe_links(lab, count=40, interval_ms=5)
         assert set(probes) == {"dev1", "dev2"}
         for r in probes.values():

@@ -42,6 +42,36 @@ NO_FILE = 66
 """Exit status of the read where the facts file is not there."""
 
 
+def facts_path(host: InventoryHost, name: str) -> str:
+    """Where the site playbook leaves facts file `name` on `host`."""
+    return f"{host.workdir}/{FACTS_DIR}/{name}.json"
+
+
+def read_command(path: str) -> str:
+    """A shell command printing the file at `path`, exiting NO_FILE where there is none."""
+    quoted = remote_path(path)
+    return f"test -e {quoted} || exit {NO_FILE}; cat {quoted}"
+
+
+def parse_facts(host: str, path: str, text: str, paths: Iterable[str] = ()) -> dict[str, Any]:
+    """The facts file at `path` on `host` as a dict; AgentError naming the host, the file and
+    the key where it is not a JSON object, or gives a key of `paths` a value other than a
+    path (a non-empty string)."""
+    try:
+        facts = json.loads(text)
+    except ValueError as exc:
+        raise AgentError(f"{host}: {path}: not JSON ({exc})") from exc
+    if not isinstance(facts, dict):
+        raise AgentError(f"{host}: {path}: expected a JSON object, got {type(facts).__name__}")
+    for key in paths:
+        value = facts.get(key)
+        if key in facts and not (isinstance(value, str) and value):
+            raise AgentError(
+                f"{host}: {path}: {key}: expected a path (a non-empty string), got {value!r}"
+            )
+    return facts
+
+
 def read_facts(
     hc: HostControl,
     name: str,
@@ -56,28 +86,13 @@ def read_facts(
     keys = tuple(paths)
 
     def one(h: InventoryHost) -> dict[str, Any] | None:
-        path = f"{h.workdir}/{FACTS_DIR}/{name}.json"
-        quoted = remote_path(path)
-        res = hc.run(h, f"test -e {quoted} || exit {NO_FILE}; cat {quoted}", cwd="/", check=False)
+        path = facts_path(h, name)
+        res = hc.run(h, read_command(path), cwd="/", check=False)
         if hc.dry_run or res.returncode == NO_FILE:
             return None
         if not res.ok:
             raise AgentError(f"{h.name}: cannot read {path}: {res.stderr.strip()[-300:]}")
-        try:
-            facts = json.loads(res.stdout)
-        except ValueError as exc:
-            raise AgentError(f"{h.name}: {path}: not JSON ({exc})") from exc
-        if not isinstance(facts, dict):
-            raise AgentError(
-                f"{h.name}: {path}: expected a JSON object, got {type(facts).__name__}"
-            )
-        for key in keys:
-            value = facts.get(key)
-            if key in facts and not (isinstance(value, str) and value):
-                raise AgentError(
-                    f"{h.name}: {path}: {key}: expected a path (a non-empty string), got {value!r}"
-                )
-        return facts
+        return parse_facts(h.name, path, res.stdout, keys)
 
     targets = [hc.host(h) for h in (hosts if hosts is not None else hc.inventory.hosts)]
     return raise_failures(f"reading facts/{name}.json", run_in_threads(one, targets))

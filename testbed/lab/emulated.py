@@ -240,6 +240,11 @@ class EmulatedLab:
         return self.state_dir / "run"
 
     @property
+    def holder_path(self) -> str | None:
+        """None: the bridge namespace runs this machine's build of the packet holder."""
+        return None
+
+    @property
     def bridge_netns(self) -> str:
         return self.state.bridge_netns
 

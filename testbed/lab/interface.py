@@ -58,6 +58,12 @@ class LinkSite(Protocol):
     @property
     def runtime_dir(self) -> Path: ...
 
+    @property
+    def holder_path(self) -> str | None:
+        """The packet holder's path at the forwarding point; None for this machine's build
+        (the bridge namespace, or a middlebox that shares this machine's files)."""
+        ...
+
     def host(self, name: str) -> LabHost: ...
 
 

@@ -13,13 +13,15 @@ Fabric layer. Links are impaired in one of two places:
 
 The lab reads what the site playbook left on its hosts itself: `up` (for a real run, and for
 the `testbed lab` commands) reads each server's and device's facts/models.json and
-facts/netem.json over Fabric (`testbed.hosts.provisioned.with_provisioned_facts`) and sets the
-host variables `draft_model` / `target_model` (the models Ansible placed, which the runner
-starts the agents on) and `holder_path` (the holder it built), each unless the inventory sets
-it itself, so the inventory needs no paths. A host without facts (not provisioned) keeps its
-variables, and `up` says which; a facts file that is not JSON, or a path that is not a
-string, stops it naming the host, the file and the key. In a dry run the reads are printed,
-not done. `describe()` (the run's manifest) records what was taken from the facts.
+facts/netem.json, and the middlebox's facts/netem.json, over Fabric
+(`testbed.hosts.provisioned.with_provisioned_facts`) and sets the host variables
+`draft_model` / `target_model` (the models Ansible placed, which the runner starts the agents
+on) and `holder_path` (the holder it built, which runs on that host or middlebox), each
+unless the inventory sets it itself, so the inventory needs no paths. A host without facts
+(not provisioned) keeps its variables, and `up` says which; a facts file that is not JSON,
+or a path that is not a string, stops it naming the host, the file and the key. In a dry
+run the reads are printed, not done. `describe()` (the run's manifest) records what was
+taken from the facts.
 
     all:
       children:
@@ -49,7 +51,15 @@ import yaml
 from testbed.errors import BadInputError, LabError
 from testbed.hosts.control import HostControl
 from testbed.hosts.inventory import Inventory, InventoryHost, inventory_document, load_inventory
-from testbed.hosts.provisioned import HOLDER_VAR, with_provisioned_facts
+from testbed.hosts.provisioned import (
+    FACTS_DIR,
+    HOLDER_VAR,
+    NO_FILE,
+    facts_path,
+    parse_facts,
+    read_command,
+    with_provisioned_facts,
+)
 from testbed.lab import naming
 from testbed.lab.backup import BACKUP_IFACE, BackupPlan, PathEnd, load_plan
 from testbed.lab.interface import LinkSite
@@ -144,30 +154,57 @@ class InventoryLab:
         return lab
 
     def _take_facts(self, runner: SystemRunner, say: Callable[[str], None]) -> None:
-        """Each server's and device's `draft_model` / `target_model` / `holder_path` from its
-        facts files unless the inventory sets it (see the module docstring); says once which
-        hosts have none. With a dry-run `runner`, prints the reads and contacts no host."""
+        """Each server's and device's `draft_model` / `target_model` / `holder_path`, and the
+        middlebox's `holder_path`, from their facts files unless the inventory sets it (see
+        the module docstring); says once which hosts have none. With a dry-run `runner`,
+        prints the reads and contacts no host."""
         names = [h.name for h in self._hosts]
         with HostControl(self._inventory, dry_run=runner.dry_run, echo=runner.echo) as hc:
             got = with_provisioned_facts(hc, names)
         self._inventory = got.inventory
-        self.from_facts, self.without_facts = got.taken, list(got.missing)
+        taken, missing = dict(got.taken), dict(got.missing)
+        if self.middlebox:
+            self._take_middlebox_holder(taken, missing)
+            names.append(self.middlebox.name)
+        self.from_facts, self.without_facts = taken, list(missing)
         if runner.dry_run:
             say(f"site playbook facts (models, packet holder): read on {', '.join(names)} "
                 "in a real run")  # fmt: skip
             return
-        if got.taken:
+        if taken:
             said = "; ".join(
                 f"{h} {', '.join(f'{k} {v}' for k, v in found.items())}"
-                for h, found in got.taken.items()
+                for h, found in taken.items()
             )
             say(f"from the site playbook's facts: {said}")
-        if got.missing:
+        if missing:
             lacking: dict[tuple[str, ...], list[str]] = {}
-            for host, files in got.missing.items():
+            for host, files in missing.items():
                 lacking.setdefault(tuple(files), []).append(host)
             where = "; ".join(f"{', '.join(h)} ({', '.join(f)})" for f, h in lacking.items())
             say(f"no site playbook facts on {where}: their inventory variables are used as is")
+
+    def _take_middlebox_holder(
+        self, taken: dict[str, dict[str, str]], missing: dict[str, list[str]]
+    ) -> None:
+        """The middlebox's `holder_path` from its facts/netem.json unless the inventory sets
+        it, read through the middlebox's runner (over SSH, or here when the controller routes);
+        in a dry run the read is printed, not done."""
+        assert self.middlebox is not None
+        mb = self.middlebox
+        path = facts_path(mb, "netem")
+        res = self.runner.run(["sh", "-c", read_command(path)], check=False)
+        if self.runner.dry_run:
+            return
+        if res.returncode == NO_FILE:
+            missing[mb.name] = [f"{FACTS_DIR}/netem.json"]
+            return
+        if res.returncode != 0:
+            raise LabError(f"{mb.name}: cannot read {path}: {res.stderr.strip()[-300:]}")
+        built = parse_facts(mb.name, path, res.stdout, (HOLDER_VAR,)).get(HOLDER_VAR)
+        if built and not mb.vars.get(HOLDER_VAR):
+            self.middlebox = mb.model_copy(update={"vars": {**mb.vars, HOLDER_VAR: built}})
+            taken[mb.name] = {HOLDER_VAR: built}
 
     def _topology_hosts(self) -> list[InventoryHost]:
         topo = self._spec.topology
@@ -267,6 +304,14 @@ class InventoryLab:
     def host_runner(self, name: str) -> SystemRunner:
         """Runs commands on host `name` (over SSH, or here)."""
         return self._runners[self.host(name).name]
+
+    @property
+    def holder_path(self) -> str | None:
+        """The packet holder's path on the middlebox: its `holder_path` (given, or the build
+        the site playbook made there, read by `up`); None without a middlebox, or for this
+        machine's build."""
+        given = self.middlebox.vars.get(HOLDER_VAR) if self.middlebox else None
+        return str(given) if given else None
 
     def holder_binary(self, name: str) -> str | None:
         """The packet holder's path on host `name`: its `holder_path` (given, or the build the

@@ -106,9 +106,10 @@ def _queue_lines(
 
 def site_holder(lab: LinkSite, runner: SystemRunner) -> HolderProcess:
     """The packet holder of `lab`'s forwarding point (its bridge namespace or middlebox), with
-    its files in the lab's runtime folder."""
+    its files in the lab's runtime folder, run from the lab's `holder_path` (a middlebox's
+    own build) or this machine's build."""
     return HolderProcess(
-        runner, None, holder_tag(lab.name), str(lab.runtime_dir), netns=lab.bridge_netns
+        runner, lab.holder_path, holder_tag(lab.name), str(lab.runtime_dir), netns=lab.bridge_netns
     )
 
 
