@@ -174,7 +174,6 @@ class AdmissionController:
         self.free_memory = inst.memory_capacity
         self.members = {AD: 0, SD: 0}  # started users per mode
         self.holds: dict[int, Hold] = {}
-        self.missed: list[int] = []  # admitted to wait, but never started in time
         self.now = 0.0
 
     def offer_batch(
@@ -283,8 +282,7 @@ class AdmissionController:
             hold = self.holds.pop(uid)
             assert self.timing is not None  # only users admitted with a wait are not started
             if self.timing.slowdown(uid, hold.mode, now) is None:
-                self.missed.append(uid)  # its window is gone: it can no longer make it
-                continue
+                continue  # its window is gone: it can no longer make it (it ends unfinished)
             found = self.earliest_start(uid, hold.mode, now, latest=now)
             if found is None:
                 self.holds[uid] = hold
@@ -316,7 +314,9 @@ class AdmissionController:
         if not np.isfinite(self.inst.compute[i, col]):
             return None
         end = self._end(i)
-        candidates = [now] + sorted(h.end for h in self.holds.values() if now < h.end < end)
+        candidates = [now]  # then the moments held resources come free, when it may wait
+        if latest > now:
+            candidates += sorted(h.end for h in self.holds.values() if now < h.end < end)
         for start in candidates:
             if start > latest:
                 return None

@@ -78,6 +78,12 @@ IFACE_VAR = "link_iface"
 SSH_PERSIST_S = 15
 
 
+def _holder_var(host: InventoryHost) -> str | None:
+    """The host's `holder_path` variable, or None."""
+    given = host.vars.get(HOLDER_VAR)
+    return str(given) if given else None
+
+
 def host_runner(host: InventoryHost, base: SystemRunner, mux: str | None = None) -> SystemRunner:
     """A runner whose commands run on `host`: over `ssh`, or here when the inventory says
     `ansible_connection: local` (callers pass a `netns` per command where they need one). Host
@@ -310,15 +316,13 @@ class InventoryLab:
         """The packet holder's path on the middlebox: its `holder_path` (given, or the build
         the site playbook made there, read by `up`); None without a middlebox, or for this
         machine's build."""
-        given = self.middlebox.vars.get(HOLDER_VAR) if self.middlebox else None
-        return str(given) if given else None
+        return _holder_var(self.middlebox) if self.middlebox else None
 
     def holder_binary(self, name: str) -> str | None:
         """The packet holder's path on host `name`: its `holder_path` (given, or the build the
         site playbook made, read by `up`); None for this machine's build (right for hosts that
         share its files)."""
-        given = self._inventory.host(self.host(name).name).vars.get(HOLDER_VAR)
-        return str(given) if given else None
+        return _holder_var(self._inventory.host(self.host(name).name))
 
     @property
     def hosts(self) -> list[LabHost]:
