@@ -58,9 +58,25 @@ def test_the_draft_cache_exists_only_while_a_user_is_in_sd(engines):
     ex.stop(0)
 
 
+def test_a_rewound_user_gets_the_same_round_again(engines):
+    target, draft = engines
+    ex = EngineExecutor(target, draft, draft_len=4)
+    prompt = target.tokenize("Q: 12+30=?\nA: ")
+    ex.submit(0, prompt, 40)
+    ex.start(0, SD)
+    first, _ = ex.step(SD, [0])
+    out = list(ex.users[0].output)
+    assert first[0] == len(out) > 0
+    ex.rewind(0, 0)
+    assert ex.users[0].output == [] and ex.users[0].committed == prompt
+    again, _ = ex.step(SD, [0])
+    assert again == first and ex.users[0].output == out
+    ex.stop(0)
+
+
 def test_kv_accounting_matches_the_growth_of_resident_memory(tiny_pair, tmp_path):
     from agents.engines.torch_hf import TorchEngine
-    from testbed.balance.costmodel import CostModel, ModelCost, StepCost
+    from testbed.balance.costmodel import CostModel, LoopStep, ModelCost, StepCost
     from testbed.balance.profile import model_config_kv_bytes
     from testbed.balance.validate import check_memory
 
@@ -71,16 +87,17 @@ def test_kv_accounting_matches_the_growth_of_resident_memory(tiny_pair, tmp_path
         return ModelCost(
             weights_bytes=1,
             kv_bytes_per_token=model_config_kv_bytes(engine),
-            decode=step,
             prefill_per_token_s=0.0,
         )
 
     cost = CostModel(
         target=cost_of(tiny_pair.target_hf),
         draft=cost_of(tiny_pair.draft_hf),
-        verify=step,
+        ad_step=LoopStep(busy=step, after_idle=step),
+        sd_round=LoopStep(busy=step, after_idle=step),
         draft_len=4,
         acceptance=0.8,
+        round_tokens=[0.2, 0.2, 0.2, 0.2, 0.2],
         verify_workspace_bytes=0,
     )
     check = check_memory(cost, tiny_pair.draft_hf, tiny_pair.target_hf, users=48, tokens=200)
@@ -113,11 +130,21 @@ def test_profile_times_every_step_in_turns_so_a_slow_moment_costs_one_run_of_eac
 def test_profile_of_the_tiny_pair_fits_every_point_it_timed(tiny_pair):
     from testbed.balance.profile import measure_cost_model
 
-    cost = measure_cost_model(tiny_pair.draft_hf, tiny_pair.target_hf, batches=(1, 4), repeats=3)
-    assert set(cost.points) == {"target_decode", "draft_decode", "verify"}
+    cost = measure_cost_model(
+        tiny_pair.draft_hf, tiny_pair.target_hf, batches=(1, 4), repeats=3, idle_s=0.01
+    )
+    assert set(cost.points) == {
+        "ad_step", "ad_step_after_idle", "sd_round", "sd_round_after_idle",
+        "target_decode", "draft_decode", "verify",
+    }  # fmt: skip
     assert all([b for b, _ in pts] == [1, 4] for pts in cost.points.values())
     assert all(t > 0 for pts in cost.points.values() for _, t in pts)
-    assert cost.target.decode.fixed_s + cost.target.decode.per_seq_s > 0
+    for step in (cost.ad_step.busy, cost.ad_step.after_idle, cost.sd_round.after_idle):
+        assert step.fixed_s + step.per_seq_s > 0
+    # an SD round is g draft forwards and a verification at least
+    sd, forwards = dict(cost.points["sd_round"]), dict(cost.points["verify"])
+    assert sd[4] > forwards[4]
+    assert len(cost.round_tokens) == 5 and sum(cost.round_tokens) == pytest.approx(1)
     assert cost.target.prefill_per_token_s > 0 and cost.draft.prefill_per_token_s > 0
     assert cost.target.weights_bytes > cost.draft.weights_bytes
     assert 0 < cost.acceptance < 1

@@ -98,6 +98,15 @@ def test_policies_use_only_their_modes(balance_run):
         assert m["ad_users"] + m["sd_users"] + m["refused"] == m["users"] == 14
 
 
+def test_no_policy_serves_more_than_the_users_a_mode_could_serve_alone(balance_run):
+    outcome, entries, _ = balance_run
+    ceilings = {e["metrics"]["servable_alone"] for e in entries.values()}
+    assert len(ceilings) == 1  # the same users and server under every policy
+    for e in entries.values():
+        m = e["metrics"]
+        assert m["served_in_time"] <= m["admitted"] <= m["servable_alone"] <= m["users"]
+
+
 def test_memory_never_exceeds_the_budget(balance_run):
     _, entries, _ = balance_run
     for e in entries.values():

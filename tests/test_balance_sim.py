@@ -7,26 +7,31 @@ import pytest
 
 from agents.balance.loop import HybridLoop
 from agents.balance.modes import AD, SD, UNSERVED
-from testbed.balance.costmodel import CostModel, ModelCost, StepCost, load_cost_model
-from testbed.balance.problem import Users, default_service, make_instance, user_demands
+from testbed.balance.costmodel import CostModel, LoopStep, ModelCost, StepCost, load_cost_model
+from testbed.balance.problem import (
+    Users,
+    default_service,
+    make_instance,
+    servable_alone,
+    user_demands,
+)
 from testbed.balance.simulator import SimulatedExecutor, random_workload, simulate
+from testbed.errors import BadInputError
 
 COST = CostModel(
-    target=ModelCost(
-        weights_bytes=5_000_000,
-        kv_bytes_per_token=3072,
-        decode=StepCost(fixed_s=0.002, per_seq_s=0.0004),
-        prefill_per_token_s=0.00017,
+    target=ModelCost(weights_bytes=5_000_000, kv_bytes_per_token=3072, prefill_per_token_s=0.00017),
+    draft=ModelCost(weights_bytes=430_000, kv_bytes_per_token=512, prefill_per_token_s=0.00004),
+    ad_step=LoopStep(
+        busy=StepCost(fixed_s=0.002, per_seq_s=0.0004),
+        after_idle=StepCost(fixed_s=0.0025, per_seq_s=0.0004),
     ),
-    draft=ModelCost(
-        weights_bytes=430_000,
-        kv_bytes_per_token=512,
-        decode=StepCost(fixed_s=0.0013, per_seq_s=0.00012),
-        prefill_per_token_s=0.00004,
+    sd_round=LoopStep(
+        busy=StepCost(fixed_s=0.0076, per_seq_s=0.00098),
+        after_idle=StepCost(fixed_s=0.0086, per_seq_s=0.00098),
     ),
-    verify=StepCost(fixed_s=0.0024, per_seq_s=0.0005),
     draft_len=4,
     acceptance=0.85,
+    round_tokens=[0.15, 0.11, 0.09, 0.08, 0.57],
     verify_workspace_bytes=544_000,
 )
 SERVICE = default_service(COST)
@@ -38,14 +43,49 @@ def test_cost_model_round_trips_through_its_json(tmp_path):
     assert load_cost_model(path) == COST
 
 
-def test_sd_round_yields_the_expected_tokens_per_round():
+def test_sd_rounds_yield_tokens_as_the_profile_measured_them():
     rng = np.random.default_rng(0)
     users = Users(np.full(4000, 8), np.full(4000, 10_000), np.full(4000, 1e9))
     ex = SimulatedExecutor(COST, users, rng)
     for u in range(4000):
         ex.start(u, SD)
     got, _ = ex.step(SD, list(range(4000)))
+    counts = np.bincount(list(got.values()), minlength=COST.draft_len + 2)[1:]
+    assert counts.sum() == 4000  # every draw is 1..g+1 tokens
+    assert counts / 4000 == pytest.approx(COST.round_tokens, abs=0.025)
     assert np.mean(list(got.values())) == pytest.approx(COST.tokens_per_round, rel=0.03)
+
+
+def test_the_first_step_after_the_loop_waited_costs_the_after_idle_time():
+    users = Users(np.full(3, 8), np.full(3, 10_000), np.full(3, 1e9))
+    ex = SimulatedExecutor(COST, users, np.random.default_rng(0))
+    for u in range(3):
+        ex.start(u, AD)
+    ex.wait_until(ex.clock() + 0.01)
+    t0 = ex.clock()
+    ex.step(AD, [0, 1, 2])
+    t1 = ex.clock()
+    ex.step(AD, [0, 1, 2])
+    assert t1 - t0 == pytest.approx(COST.ad_step.after_idle.time(3))
+    assert ex.clock() - t1 == pytest.approx(COST.ad_step.busy.time(3))
+    assert COST.ad_step.after_idle.time(3) > COST.ad_step.busy.time(3)
+
+
+@pytest.mark.parametrize(
+    "round_tokens", [[0.5, 0.5], [0.2, 0.2, 0.2, 0.2, 0.1], [1.2, -0.2, 0.0, 0.0, 0.0]]
+)
+def test_a_profile_whose_round_tokens_are_no_distribution_is_refused(tmp_path, round_tokens):
+    path = tmp_path / "cost.json"
+    path.write_text(COST.model_copy(update={"round_tokens": round_tokens}).model_dump_json())
+    with pytest.raises(BadInputError, match=r"cost\.json.*round_tokens: expected 5 probabilities"):
+        load_cost_model(path)
+
+
+def test_a_profile_of_arbitrary_bytes_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "cost.json"
+    path.write_bytes(b"\xff\xfe{\x00")
+    with pytest.raises(BadInputError, match=r"cost\.json: not valid JSON"):
+        load_cost_model(path)
 
 
 def test_a_user_moved_between_modes_gets_exactly_its_tokens_and_one_prefill():
@@ -110,6 +150,25 @@ def test_hybrid_serves_more_than_either_single_mode_where_memory_is_tight():
         for p in ("ad-only", "sd-only", "hybrid")
     }
     assert served["hybrid"] > max(served["ad-only"], served["sd-only"])
+
+
+def test_a_user_is_servable_alone_only_if_some_mode_meets_its_pace_and_memory():
+    users = Users(
+        prompt=np.array([10, 10, 4000]),
+        output=np.array([20, 40, 20]),
+        deadline=np.array([5.0, 0.06, 50.0]),  # loose; no mode steps that fast; too long
+    )
+    d = user_demands(COST, users, SERVICE)
+    assert np.isinf(d.compute[1]).all()
+    assert servable_alone(make_instance(COST, users, 6e6, SERVICE)).tolist() == [
+        True,
+        False,
+        False,
+    ]
+    # 300 kB beside the target's weights: SD's weights and workspace do not fit, AD does
+    tight = make_instance(COST, users, COST.target.weights_bytes + 3e5, SERVICE)
+    assert tight.setup_memory[1] > tight.memory_capacity >= tight.memory[0, 0]
+    assert servable_alone(tight).tolist() == [True, False, False]
 
 
 def test_instance_pays_the_small_models_weights_only_for_sd():

@@ -112,6 +112,13 @@ class EngineExecutor:
             out[uid] = verdict.emitted(drafts[id(u)])
         return out
 
+    def rewind(self, uid: int, output_len: int) -> None:
+        """Forget uid's output past its first output_len tokens; its caches follow on the
+        next step (`TrackedSession.prepare` rolls them back)."""
+        user = self.users[uid]
+        del user.output[output_len:]
+        user.committed = user.committed[: user.prompt_len] + user.output
+
     def stop(self, uid: int) -> None:
         user = self.users.pop(uid)
         self.outputs[uid] = user.output

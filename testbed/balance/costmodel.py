@@ -1,8 +1,11 @@
-"""The server's cost model: what one forward costs and what one token of KV cache weighs.
+"""The server's cost model: what one step of the engine loop costs and what it yields.
 
 Measured on the host by `testbed profile` (see `profile.py`), stored as JSON, and read back
-by the scheduler (per-user demands) and the simulator (step times). Step times are linear in
-the batch size b: t(b) = fixed_s + per_seq_s * b, fitted by least squares.
+by the scheduler (per-user demands) and the simulator (step times, tokens per round). Step
+times are those of the loop's own steps (an AD step, an SD round, as `agents.balance.engine`
+runs them), back to back and after an idle wait, linear in the batch size b:
+t(b) = fixed_s + per_seq_s * b, fitted by least squares. An SD round's tokens follow the
+distribution measured on the workload.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from agents.balance.modes import AD, SD
 from testbed.errors import BadInputError
@@ -26,42 +29,70 @@ class StepCost(BaseModel):
         return self.fixed_s + self.per_seq_s * batch
 
 
+class LoopStep(BaseModel):
+    """One step of the engine loop, timed two ways: right after another step (`busy`), and
+    as the first step after the loop slept out a period (`after_idle`: the CPU's caches gone
+    cold; on the 2-core VM 20-45 % slower)."""
+
+    busy: StepCost
+    after_idle: StepCost
+
+    def time(self, batch: float, after_idle: bool) -> float:
+        return (self.after_idle if after_idle else self.busy).time(batch)
+
+    @property
+    def wake_s(self) -> float:
+        """What a step after idle costs more than one back to back (at batch size 1)."""
+        return max(0.0, self.after_idle.time(1) - self.busy.time(1))
+
+
 class ModelCost(BaseModel):
-    """One model: weights, KV bytes per token, decode step and prefill cost."""
+    """One model: weights, KV bytes per token and prefill cost."""
 
     weights_bytes: int = Field(ge=0)
     kv_bytes_per_token: int = Field(gt=0)
-    decode: StepCost  # one new token per sequence
     prefill_per_token_s: float = Field(ge=0)
 
 
 class CostModel(BaseModel):
-    """The large (target) and small (draft) model on one server, and the pair's acceptance."""
+    """The large (target) and small (draft) model on one server, the loop's step costs and
+    what an SD round yields."""
 
     target: ModelCost
     draft: ModelCost
-    verify: StepCost  # the target scoring draft_len + 1 tokens per sequence
+    ad_step: LoopStep  # one batched target decode, as the loop runs it
+    sd_round: LoopStep  # g batched draft forwards, a verification, acceptance and rollback
     draft_len: int = Field(ge=1)
-    acceptance: float = Field(ge=0, lt=1)  # per-position acceptance probability a
+    acceptance: float = Field(ge=0, lt=1)  # per-position acceptance probability a (MLE)
+    round_tokens: list[float]  # probability that an SD round yields 1, 2, ..., g+1 tokens
     verify_workspace_bytes: int = Field(ge=0)  # logits and scratch of one verification batch
     host: str = ""
     points: dict[str, list[tuple[int, float]]] = {}  # the measurements the fits came from
 
+    @model_validator(mode="after")
+    def _round_tokens_is_a_distribution(self) -> CostModel:
+        p = self.round_tokens
+        if len(p) != self.draft_len + 1 or min(p) < 0 or abs(sum(p) - 1) > 1e-6:
+            raise ValueError(
+                f"round_tokens: expected {self.draft_len + 1} probabilities (1..draft_len+1 "
+                f"tokens per round) summing to 1, got {p}"
+            )
+        return self
+
     @property
     def tokens_per_round(self) -> float:
-        """Expected tokens an SD round yields: (1 - a^(g+1)) / (1 - a)."""
-        a, g = self.acceptance, self.draft_len
-        return (1 - a ** (g + 1)) / (1 - a)
+        """Expected tokens an SD round yields (the bonus or correction token included)."""
+        return sum((k + 1) * p for k, p in enumerate(self.round_tokens))
+
+    def loop_step(self, mode: int) -> LoopStep:
+        """One AD step or one SD round of the engine loop."""
+        return self.ad_step if mode == AD else self.sd_round
 
     def step_cost(self, mode: int) -> StepCost:
-        """One AD step (a target decode) or one SD round (g draft steps and a verification)."""
-        if mode == AD:
-            return self.target.decode
-        g = self.draft_len
-        return StepCost(
-            fixed_s=g * self.draft.decode.fixed_s + self.verify.fixed_s,
-            per_seq_s=g * self.draft.decode.per_seq_s + self.verify.per_seq_s,
-        )
+        """A step as the scheduler budgets its rate: back to back (a mode's steps in a period
+        follow one another); the first step of a period is budgeted apart (`LoopStep.wake_s`,
+        `problem.make_instance`)."""
+        return self.loop_step(mode).busy
 
     def tokens_per_step(self, mode: int) -> float:
         return 1.0 if mode == AD else self.tokens_per_round
@@ -91,11 +122,13 @@ def load_cost_model(path: Path) -> CostModel:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise BadInputError(f"{path}: no such cost-model file (run `testbed profile`)") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadInputError(f"{path}: not valid JSON ({exc})") from None
     try:
         return CostModel.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         key = ".".join(str(p) for p in first["loc"])
-        raise BadInputError(f"{path}: key {key!r}: {first['msg']}") from None
+        raise BadInputError(
+            f"{path}: key {key!r}: {first['msg']} (a profile of this version: `testbed profile`)"
+        ) from None

@@ -162,9 +162,28 @@ def make_instance(
         memory=demands.memory,
         compute_capacity=1.0,
         memory_capacity=memory_budget - cost.target.weights_bytes,
-        setup_compute=np.array([cost.step_cost(m).fixed_s * service.rate(m) for m in (AD, SD)]),
+        setup_compute=np.array([_setup_share(cost, service, m) for m in (AD, SD)]),
         setup_memory=np.array([0.0, float(cost.draft.weights_bytes + cost.verify_workspace_bytes)]),
     )
+
+
+def _setup_share(cost: CostModel, service: Service, mode: int) -> float:
+    """Server share an open mode takes whoever it serves: its steps' fixed cost at its rate,
+    and one step per period that runs after the loop slept (caches cold)."""
+    step = cost.loop_step(mode)
+    return step.busy.fixed_s * service.rate(mode) + step.wake_s / service.period_s
+
+
+def servable_alone(inst: Instance) -> np.ndarray:
+    """Per user: whether some mode could serve it in time on an otherwise empty server (its
+    share and memory fit beside that mode's setup). Admission refuses every other user, so
+    no policy serves more than these."""
+    fits = [
+        (inst.compute[:, col] + inst.setup_compute[col] <= inst.compute_capacity)
+        & (inst.memory[:, col] + inst.setup_memory[col] <= inst.memory_capacity)
+        for col in (0, 1)
+    ]
+    return fits[0] | fits[1]
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """`testbed profile`: measure the cost model on this host with a draft/target pair.
 
-Times one batched forward of each model against the batch size (one new token per sequence:
-a decode step; g+1 tokens: a verification) and a prompt's prefill, all in turns (every
-round times each once; `interleaved_medians`), fits
-t(b) = fixed + per_seq * b by least squares, reads KV bytes per token and weight bytes off the
-model, and measures the pair's acceptance rate on the arithmetic workload (testbed.bench.sd).
+Times the engine loop's own steps against the batch size (an AD step and an SD round, run by
+`agents.balance.engine` on real sessions), the model forwards inside them (one new token per
+sequence: a decode step; g+1 tokens: a verification) and a prompt's prefill, all in turns
+(every round times each once; `interleaved_medians`); fits t(b) = fixed + per_seq * b by
+least squares to the loop's steps; reads KV bytes per token and weight bytes off the model;
+and measures on the arithmetic workload how many tokens an SD round yields (testbed.bench.sd).
 Torch is imported here only, inside the function.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.balance.costmodel import CostModel, ModelCost, StepCost
+from testbed.balance.costmodel import CostModel, LoopStep, ModelCost, StepCost
 
 
 def fit_step(points: Sequence[tuple[int, float]]) -> StepCost:
@@ -32,21 +33,29 @@ def fit_step(points: Sequence[tuple[int, float]]) -> StepCost:
 
 
 Step = Callable[[], None]
+LOOP_STEPS = ("ad_step", "ad_step_after_idle", "sd_round", "sd_round_after_idle")
 
 
-def interleaved_medians(steps: dict[str, Step], repeats: int) -> dict[str, float]:
+def interleaved_medians(
+    steps: dict[str, Step], repeats: int, idle_before: dict[str, float] | None = None
+) -> dict[str, float]:
     """Median seconds of each step, timed in turns: every round runs each step once.
 
     A host that slows down for a moment (another process, the hypervisor) then slows one run
     of every step, which the median drops, instead of every run of whichever step was being
     timed: timed one model after the other, a 2-core VM once measured the draft's steps at
-    twice their usual time, which shut SD out of a whole lab run.
+    twice their usual time, which shut SD out of a whole lab run. A step named in
+    `idle_before` runs after the process slept that many seconds (untimed), as the engine
+    loop's first step of a period does; the others run right after the previous step.
     """
+    idle_before = idle_before or {}
     for step in steps.values():
         step()  # warm-up
     runs: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():
+            if name in idle_before:
+                time.sleep(idle_before[name])
             start = time.perf_counter()
             step()
             runs[name].append(time.perf_counter() - start)
@@ -81,6 +90,36 @@ def prefill_step(engine, prompt_ids: list[int]) -> tuple[Step, Step]:
     )
 
 
+def loop_step(executor, prompts: list[list[int]], mode: int, batch: int) -> tuple[Step, Step]:
+    """(step, close): one step of the engine loop (an AD step or an SD round) over `batch`
+    users just prefilled, their output rewound after, so it can be timed again; the next
+    step's cache rollback is part of it, as rejected drafts' rollback is part of a round."""
+    first = max(executor.users, default=-1) + 1
+    uids = list(range(first, first + batch))
+    for i, uid in enumerate(uids):
+        executor.submit(uid, prompts[i % len(prompts)], max_new=1 << 20)
+        executor.start(uid, mode)
+
+    def step() -> None:
+        executor.step(mode, uids)
+        for uid in uids:
+            executor.rewind(uid, 0)
+
+    def close() -> None:
+        for uid in uids:
+            executor.stop(uid)
+
+    return step, close
+
+
+def round_tokens(counts: Sequence[int]) -> list[float]:
+    """The share of SD rounds that yielded 1, 2, ..., g+1 tokens."""
+    total = sum(counts)
+    if not total:
+        raise ValueError("no SD round was measured")
+    return [c / total for c in counts]
+
+
 def model_config_kv_bytes(engine) -> int:
     """KV bytes per token: 2 (keys, values) x layers x KV heads x head size x element size."""
     cfg = engine.model.config
@@ -104,8 +143,15 @@ def measure_cost_model(
     max_batch: int = 64,
     threads: int = 1,
     device: str = "cpu",
+    idle_s: float = 0.05,
 ) -> CostModel:
-    """The cost model of the pair on this host (with the points it was fitted to)."""
+    """The cost model of the pair on this host (with the points it was fitted to).
+
+    Each loop step is timed right after another step (`busy`) and after `idle_s` of sleep
+    (`after_idle`: the loop's period, which it waits out when no step is owed); prefill is
+    timed after the sleep, as a user starts at the top of a period."""
+    from agents.balance.engine import EngineExecutor
+    from agents.balance.modes import AD, SD
     from agents.engines.torch_hf import TorchEngine
     from agents.workloads.arithmetic import heldout_problems, prompt
     from testbed.bench.sd import run_sd_bench
@@ -114,27 +160,31 @@ def measure_cost_model(
     draft = TorchEngine(draft_dir, device=device, threads=threads)
     prompts = [target.tokenize(prompt(p)) for p in heldout_problems(acceptance_prompts, seed=5)]
     long = max(prompts, key=len)
+    executor = EngineExecutor(target, draft, draft_len)
     made: dict[str, tuple[Step, Step]] = {}
     try:
         for b in batches:
+            for kind, mode in (("ad_step", AD), ("sd_round", SD)):
+                made[f"{kind}/{b}"] = loop_step(executor, prompts, mode, b)
+                made[f"{kind}_after_idle/{b}"] = loop_step(executor, prompts, mode, b)
             made[f"target_decode/{b}"] = forward_step(target, prompts, b, 1)
             made[f"draft_decode/{b}"] = forward_step(draft, prompts, b, 1)
             made[f"verify/{b}"] = forward_step(target, prompts, b, draft_len + 1)
         made["target_prefill"] = prefill_step(target, long)
         made["draft_prefill"] = prefill_step(draft, long)
-        timed = interleaved_medians({k: step for k, (step, _) in made.items()}, repeats)
+        idle = {k: idle_s for k in made if "_after_idle/" in k or k.endswith("_prefill")}
+        timed = interleaved_medians({k: step for k, (step, _) in made.items()}, repeats, idle)
     finally:
         for _, close in made.values():
             close()
     points = {
         kind: [(b, timed[f"{kind}/{b}"]) for b in batches]
-        for kind in ("target_decode", "draft_decode", "verify")
+        for kind in LOOP_STEPS + ("target_decode", "draft_decode", "verify")
     }
     target_cost, draft_cost = (
         ModelCost(
             weights_bytes=weights_bytes(engine),
             kv_bytes_per_token=model_config_kv_bytes(engine),
-            decode=fit_step(points[f"{name}_decode"]),
             prefill_per_token_s=timed[f"{name}_prefill"] / len(long),
         )
         for name, engine in (("target", target), ("draft", draft))
@@ -144,9 +194,15 @@ def measure_cost_model(
     return CostModel(
         target=target_cost,
         draft=draft_cost,
-        verify=fit_step(points["verify"]),
+        ad_step=LoopStep(
+            busy=fit_step(points["ad_step"]), after_idle=fit_step(points["ad_step_after_idle"])
+        ),
+        sd_round=LoopStep(
+            busy=fit_step(points["sd_round"]), after_idle=fit_step(points["sd_round_after_idle"])
+        ),
         draft_len=draft_len,
         acceptance=min(sd.alpha, 0.999),
+        round_tokens=round_tokens(sd.round_token_counts),
         verify_workspace_bytes=workspace,
         host=f"{platform.node()} {platform.machine()} {device} threads={threads}",
         points=points,

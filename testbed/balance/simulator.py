@@ -3,9 +3,10 @@
 Users arrive over time; at each period boundary the arrivals are offered to admission
 control (refused at once or admitted into AD or SD with their compute share), and the engine
 loop of `agents.balance.loop` runs one period against a simulated executor: an AD step of b
-users costs t_L(b), an SD round g t_S(b) + t_V(b) and yields 1 + k tokens per user with k
-accepted drafts drawn from the truncated geometric law of acceptance a; prefill costs its
-per-token time. The clock is virtual, so 10,000 users take seconds. The result says which
+users costs t_AD(b), an SD round t_SD(b) (both as profiled on the loop itself, the slower
+after-idle time for the first step after the loop waited) and yields each
+user a number of tokens drawn from the round-token distribution the profile measured; prefill
+costs its per-token time. The clock is virtual, so 10,000 users take seconds. The result says which
 users finished within their deadline (task throughput), how many were refused, and the peak
 memory reserved (weights and KV caches).
 """
@@ -64,24 +65,28 @@ class SimulatedExecutor:
         self.rng = rng
         self.now = 0.0
         self.left: dict[int, int] = {}
+        self._round_cdf = np.cumsum(cost.round_tokens)
+        self.idle = True  # the loop waited since the last step (its next step runs cold)
 
     def clock(self) -> float:
         return self.now
 
     def wait_until(self, t: float) -> None:
-        self.now = max(self.now, t)
+        if t > self.now:
+            self.now, self.idle = t, True
 
     def start(self, uid: int, mode: int) -> None:
         if uid not in self.left:  # a move keeps the tokens; only a new user is prefilled
             self.left[uid] = int(self.users.output[uid])
             self.now += self.cost.prefill_s(mode, int(self.users.prompt[uid]))
+            self.idle = False
 
     def step(self, mode: int, uids: list[int]) -> tuple[dict[int, int], set[int]]:
-        self.now += self.cost.step_cost(mode).time(len(uids))
-        if mode == SD:
-            g, a = self.cost.draft_len, self.cost.acceptance
-            accepted = np.minimum(self.rng.geometric(1 - a, len(uids)) - 1, g)
-            tokens = accepted + 1
+        self.now += self.cost.loop_step(mode).time(len(uids), self.idle)
+        self.idle = False
+        if mode == SD:  # 1..g+1 tokens each, as the profile measured rounds to yield
+            draws = self.rng.random(len(uids)) * self._round_cdf[-1]
+            tokens = np.searchsorted(self._round_cdf, draws, side="right") + 1
         else:
             tokens = np.ones(len(uids), dtype=int)
         got, done = {}, set()

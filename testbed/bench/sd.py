@@ -17,7 +17,7 @@ examined (accepted plus the rounds that ended in a rejection).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from agents.engines.base import Engine
 from agents.spec.decoding import generate_ad, generate_sd
@@ -39,6 +39,7 @@ class SdBenchResult:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     identical_outputs: int = 0  # prompts whose SD output equals the AD output
+    round_token_counts: list[int] = field(default_factory=list)  # rounds that yielded 1..g+1
 
     @property
     def acceptance_rate(self) -> float:
@@ -111,7 +112,7 @@ def run_sd_bench(
     """Warm up, then run AD and SD over the same prompts, interleaved prompt by prompt."""
     generate_ad(target, prompts[0], 4)
     generate_sd(draft, target, prompts[0], 4, draft_len)
-    r = SdBenchResult(len(prompts), draft_len)
+    r = SdBenchResult(len(prompts), draft_len, round_token_counts=[0] * (draft_len + 1))
     for p in prompts:
         ad = generate_ad(target, p, max_new)
         sd = generate_sd(draft, target, p, max_new, draft_len)
@@ -126,4 +127,6 @@ def run_sd_bench(
         r.draft_seconds += sd.draft_seconds
         r.verify_seconds += sd.verify_seconds
         r.identical_outputs += ad.tokens == sd.tokens
+        for n in sd.accepted_lengths:  # 1..g+1, the bonus or correction token included
+            r.round_token_counts[n - 1] += 1
     return r

@@ -11,7 +11,7 @@ import typer
 from testbed.errors import TestbedError
 
 if TYPE_CHECKING:
-    from testbed.balance.costmodel import CostModel
+    from testbed.balance.costmodel import CostModel, StepCost
 
 
 def _load_cost(path: Path) -> CostModel:
@@ -95,15 +95,33 @@ def profile(
     cost.save(out)
     for name, model in (("target", cost.target), ("draft", cost.draft)):
         typer.echo(
-            f"{name}: step {model.decode.fixed_s * 1e3:.3f} ms + {model.decode.per_seq_s * 1e3:.3f}"
-            f" ms/seq, prefill {model.prefill_per_token_s * 1e6:.1f} us/token, KV "
+            f"{name}: prefill {model.prefill_per_token_s * 1e6:.1f} us/token, KV "
             f"{model.kv_bytes_per_token} B/token, weights {model.weights_bytes / 2**20:.2f} MiB"
         )
+    for name, step in (("AD step", cost.ad_step), (f"SD round (g={draft_len})", cost.sd_round)):
+        typer.echo(f"{name}: {_fit(step.busy)} back to back, {_fit(step.after_idle)} after idle")
+    pts = {kind: dict(points) for kind, points in cost.points.items()}
+    for b in pts["sd_round"]:
+        forwards = draft_len * pts["draft_decode"][b] + pts["verify"][b]
+        typer.echo(
+            f"  batch {b:3d}: AD step {_ms(pts['ad_step'][b])} (after idle "
+            f"{_ms(pts['ad_step_after_idle'][b])}; its forward {_ms(pts['target_decode'][b])}), "
+            f"SD round {_ms(pts['sd_round'][b])} (after idle {_ms(pts['sd_round_after_idle'][b])};"
+            f" its forwards {_ms(forwards)})"
+        )
+    shares = ", ".join(f"{k + 1}: {p:.2f}" for k, p in enumerate(cost.round_tokens))
     typer.echo(
-        f"verify (g+1={draft_len + 1}): {cost.verify.fixed_s * 1e3:.3f} ms + "
-        f"{cost.verify.per_seq_s * 1e3:.3f} ms/seq; acceptance a={cost.acceptance:.3f}, "
-        f"{cost.tokens_per_round:.2f} tokens/round\nwritten to {out}"
+        f"tokens per SD round {cost.tokens_per_round:.2f} (share of rounds yielding {shares}); "
+        f"acceptance a={cost.acceptance:.3f}\nwritten to {out}"
     )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def _fit(step: StepCost) -> str:
+    return f"{step.fixed_s * 1e3:.3f} ms + {step.per_seq_s * 1e3:.3f} ms/seq"
 
 
 def bench_balance_sim(

@@ -31,6 +31,7 @@ SUMMARY_COLUMNS = [
     ("target_strict_accuracy", "target acc", "{:.2f}"),
     ("target_match_share", "=target", "{:.2f}"),
     ("served_in_time", "in time", "{:.0f}"),
+    ("servable_alone", "ceiling", "{:.0f}"),
     ("task_throughput", "tasks/s", "{:.2f}"),
     ("predicted_task_throughput", "sim tasks/s", "{:.2f}"),
     ("peak_held_mib", "peak MiB", "{:.2f}"),
@@ -47,7 +48,8 @@ SUMMARY_NOTES = {  # column header -> its note, printed when the table shows tha
     "number); target acc: the target's own greedy answers to the same problems, strict; "
     "=target: share of ALL answers equal to the target's own greedy answer.",
     "in time": "BALANCE (mode balance): in time: users finished within their deadline; "
-    "tasks/s: those per second of the run, measured and simulated (mean of 10 simulated "
+    "ceiling: users some mode could serve in time alone on the server, which no policy "
+    "exceeds; tasks/s: those per second of the run, measured and simulated (mean of 10 simulated "
     "runs); peak MiB: most memory the "
     "server's caches and models held; sim err: mean |predicted / measured - 1| of the users' "
     "completion times.",

@@ -27,7 +27,7 @@ from agents.records import read_records
 from agents.spec.decoding import generate_ad
 from agents.workloads.arithmetic import heldout_problems, prompt
 from testbed.balance.costmodel import CostModel, load_cost_model
-from testbed.balance.problem import Users, default_service
+from testbed.balance.problem import Users, default_service, make_instance, servable_alone
 from testbed.balance.simulator import SimResult, Workload, simulate
 from testbed.config.playbook import BalanceSection, Condition, Playbook
 from testbed.errors import BadInputError
@@ -197,14 +197,19 @@ PREDICTION_DRAWS = 10  # simulated runs per condition, differing in the drafts a
 
 
 def condition_metrics(
-    users: pd.DataFrame, summary: dict[str, Any], predicted: list[SimResult], b: BalanceSection
+    users: pd.DataFrame,
+    summary: dict[str, Any],
+    predicted: list[SimResult],
+    b: BalanceSection,
+    ceiling: int,
 ) -> dict[str, Any]:
     """The condition's figures: task throughput, memory against the budget, prediction error.
 
     The simulator draws each SD round's accepted drafts at random, and with a few dozen users
     one draw moves a user across its deadline or an admission: the predicted users in time
     and task throughput are the mean over PREDICTION_DRAWS draws (the per-user predictions
-    come from the first).
+    come from the first). `ceiling`: users some mode could serve in time alone
+    (`problem.servable_alone`), which no policy exceeds.
     """
     served = users[users["mode"].isin(["AD", "SD"])]
     both = served.dropna(subset=["completion_s", "predicted_completion_s"])
@@ -222,6 +227,7 @@ def condition_metrics(
         "ad_users": int((served["mode"] == "AD").sum()),
         "sd_users": int((served["mode"] == "SD").sum()),
         "served_in_time": in_time,
+        "servable_alone": ceiling,
         "late": len(served) - in_time,
         "makespan_s": summary["makespan_s"],
         "task_throughput": throughput,
@@ -248,7 +254,8 @@ def describe(cid: str, b: BalanceSection, m: dict[str, Any]) -> str:
     err = m["completion_error_mean_abs"]
     return (
         f"{cid}: {b.policy} {m['users']} users {b.memory_mib:g} MiB: {m['served_in_time']} in "
-        f"time ({m['ad_users']} AD, {m['sd_users']} SD, {m['refused']} refused, {m['late']} late)"
+        f"time of {m['servable_alone']} that a mode could serve alone ({m['ad_users']} AD, "
+        f"{m['sd_users']} SD, {m['refused']} refused, {m['late']} late)"
         f", task throughput {m['task_throughput']:.2f}/s (simulated "
         f"{m['predicted_task_throughput']:.2f}/s), peak memory {m['peak_held_mib']:.2f} held / "
         f"{m['peak_reserved_mib']:.2f} reserved of {b.memory_mib:g} MiB, completion-time error "
@@ -301,6 +308,8 @@ def run_balance(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any
     ]
     users = user_table(rows, served, predicted[0], cond.id)
     write_parquet(users, staged / "balance_users.parquet")
-    metrics = condition_metrics(users, summary, predicted, b)
+    inst = make_instance(cost, work.users, b.memory_mib * MIB, service)
+    ceiling = int(servable_alone(inst).sum())
+    metrics = condition_metrics(users, summary, predicted, b, ceiling)
     ctx.say(describe(cond.id, b, metrics))
     return {"metrics": metrics}
