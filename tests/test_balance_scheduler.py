@@ -206,6 +206,14 @@ def test_plan_opens_both_modes_when_both_setups_fit_and_one_when_they_do_not():
     assert len(tight.modes) == 1  # 0.9 of the server minus two setups of 0.45: nothing left
 
 
+def test_a_plan_on_too_few_arrivals_opens_only_the_modes_they_use():
+    inst = window_instance(10, 0.01, 0.2)  # both setups fit: a priced plan opens both
+    window, deadline = np.arange(10), np.ones(10)
+    assert plan_modes(inst, window, deadline, 1.0, (AD, SD)).modes == (AD, SD)
+    first = plan_modes(inst, window[:1], deadline, 1.0, (AD, SD))
+    assert not first.priced and len(first.modes) == 1  # not both setups for one user
+
+
 def test_plan_averages_the_window_over_the_time_each_user_holds_its_share():
     inst = window_instance(10, 0.3, 0.1)  # together 3x the memory if all were present at once
     window, deadline = np.arange(10), np.full(10, 0.1)
