@@ -107,6 +107,16 @@ def test_no_policy_serves_more_than_the_users_a_mode_could_serve_alone(balance_r
         assert m["served_in_time"] <= m["admitted"] <= m["servable_alone"] <= m["users"]
 
 
+def test_every_user_carries_the_reason_admission_gave(balance_run):
+    outcome, entries, _ = balance_run
+    for e in entries.values():
+        users = users_of(outcome, e)
+        served = users["mode"].isin(["AD", "SD"])
+        assert users.loc[served, "admission"].str.startswith("admitted").all()
+        assert not users.loc[~served, "admission"].str.startswith("admitted").any()
+        assert (users.loc[~served, "admission"].str.len() > 10).all()
+
+
 def test_memory_never_exceeds_the_budget(balance_run):
     _, entries, _ = balance_run
     for e in entries.values():

@@ -109,6 +109,7 @@ class SimResult:
     met: np.ndarray  # finished within the deadline
     makespan_s: float
     peak_memory_bytes: float  # weights and reserved KV, at most the budget
+    reason: tuple[str, ...] = ()  # per user: admission's decision (why refused, or how admitted)
 
     @property
     def served_in_time(self) -> int:
@@ -162,6 +163,7 @@ def serve(
     rates = {AD: service.ad_steps_per_s, SD: service.sd_rounds_per_s}
     loop = HybridLoop(executor, rates, service.period_s)
     mode = np.full(n, UNSERVED, dtype=np.int8)
+    reason = [""] * n
     finish = np.full(n, np.nan)
     fixed = cost.target.weights_bytes
     peak = float(fixed)
@@ -193,6 +195,7 @@ def serve(
             decisions = admission.offer_batch(arrived, modes, now, plan is not None and plan.slack)
         for i, decision in zip(arrived, decisions):
             mode[i] = decision.mode
+            reason[i] = decision.reason
             if decision.admitted and not decision.waits:
                 pace = float(demands.pace[i, decision.mode - 1])
                 loop.add(int(i), decision.mode, pace, since=float(work.arrival[i]))
@@ -205,4 +208,4 @@ def serve(
     met = finish <= work.arrival + users.deadline
     start = float(work.arrival.min()) if n else 0.0
     end = float(np.nanmax(finish)) if np.isfinite(finish).any() else start
-    return SimResult(n, mode, finish, met, end - start, peak)
+    return SimResult(n, mode, finish, met, end - start, peak, tuple(reason))

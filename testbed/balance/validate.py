@@ -9,7 +9,7 @@ time (finish minus arrival) where both runs served it, and the users served with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -68,14 +68,7 @@ def compare_with_engine(
     offset = executor.clock()
     shifted = Workload(work.users, work.arrival + offset)
     measured = serve(cost, shifted, memory_budget, service, executor, policy)
-    measured = SimResult(
-        measured.users,
-        measured.mode,
-        measured.finish - offset,
-        measured.met,
-        measured.makespan_s,
-        measured.peak_memory_bytes,
-    )
+    measured = replace(measured, finish=measured.finish - offset)
     predicted = simulate(cost, work, memory_budget, service, policy, seed)
     both = np.isfinite(measured.finish) & np.isfinite(predicted.finish)
     lat_m = measured.finish[both] - work.arrival[both]

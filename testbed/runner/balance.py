@@ -182,6 +182,7 @@ def user_table(
                 "prompt_tokens": r["prompt_tokens"],
                 "output_tokens": r["output_tokens"],
                 "mode": s.get("mode"),
+                "admission": s.get("admission"),
                 "completion_s": s.get("completion_s"),
                 "met": s.get("met"),
                 "matches_target": s["tokens"] == r["reference"] if s.get("tokens") else None,

@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                     "uid": uid,
                     "problem": r["problem"],
                     "mode": MODE_NAMES[int(result.mode[uid])],
+                    "admission": result.reason[uid],
                     "completion_s": float(result.finish[uid] - arrival[uid]) if finished else None,
                     "met": bool(result.met[uid]),
                     "tokens": tokens,
