@@ -214,6 +214,24 @@ def test_a_plan_on_too_few_arrivals_opens_only_the_modes_they_use():
     assert not first.priced and len(first.modes) == 1  # not both setups for one user
 
 
+def test_a_user_no_open_mode_can_serve_may_open_a_shut_one_in_a_batch():
+    inst = Instance(
+        compute=np.array([[0.1, 0.05], [np.inf, 0.1]]),  # user 1: only SD steps fast enough
+        memory=np.array([[1.0, 1.0], [1.0, 1.0]]),
+        compute_capacity=1.0,
+        memory_capacity=10.0,
+        setup_compute=np.array([0.1, 0.1]),
+        setup_memory=np.array([0.0, 2.0]),
+    )
+    batch = AdmissionController(inst).offer_batch(np.arange(2), (AD,), shut=(SD,))
+    assert [d.mode for d in batch] == [
+        AD,
+        SD,
+    ]  # user 0 stays in the open mode, though cheaper in SD
+    alone = AdmissionController(inst).offer_batch(np.arange(2), (AD,))
+    assert [d.mode for d in alone] == [AD, UNSERVED]
+
+
 def test_plan_averages_the_window_over_the_time_each_user_holds_its_share():
     inst = window_instance(10, 0.3, 0.1)  # together 3x the memory if all were present at once
     window, deadline = np.arange(10), np.full(10, 0.1)

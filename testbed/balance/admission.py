@@ -186,17 +186,23 @@ class AdmissionController:
         allowed: tuple[int, ...] = (AD, SD),
         now: float = 0.0,
         may_wait: bool = False,
+        shut: tuple[int, ...] = (),
     ) -> list[Decision]:
         """Admit the most of the users arriving in one period (the scheduler on what is free).
 
         Users already admitted are never moved; each new one gets a mode (now, or a later
-        start within its slack) or a refusal now.
+        start within its slack) or a refusal now. A user no `allowed` mode can serve in time
+        may open a `shut` one (whose setup it then pays).
         """
         self.now = now
         users = np.asarray(users, dtype=int)
         used_c, used_m, active = self._committed(now)
+        compute = self.inst.compute[users].copy()
+        needy = ~np.isfinite(compute[:, [m - 1 for m in allowed]]).any(axis=1)
+        for m in shut:
+            compute[~needy, m - 1] = np.inf
         sub = Instance(
-            compute=self.inst.compute[users],
+            compute=compute,
             memory=self.inst.memory[users],
             compute_capacity=self.inst.compute_capacity - used_c,
             memory_capacity=self.inst.memory_capacity - used_m,
@@ -207,7 +213,8 @@ class AdmissionController:
                 [self.inst.setup_memory[m - 1] * (m not in active) for m in (AD, SD)]
             ),
         )
-        sched = schedule(sub, allowed)
+        opened = tuple(m for m in (AD, SD) if m in allowed or (m in shut and needy.any()))
+        sched = schedule(sub, opened)
         reasons = refusals(sub, sched)
         decisions: dict[int, Decision] = {}
         for k, i in enumerate(users):
@@ -219,7 +226,7 @@ class AdmissionController:
                 why = reasons.get(
                     k, "what the scheduler found for it is promised to a waiting user"
                 )
-                decisions[k] = self._defer(int(i), allowed, why, may_wait)
+                decisions[k] = self._defer(int(i), opened if needy[k] else allowed, why, may_wait)
         return [decisions[k] for k in range(len(users))]
 
     def offer_priced(

@@ -192,7 +192,9 @@ def serve(
             decisions = admission.offer_priced(arrived, plan, users.deadline, now)
         else:
             modes = POLICY_MODES[policy] if plan is None else plan.modes
-            decisions = admission.offer_batch(arrived, modes, now, plan is not None and plan.slack)
+            shut = tuple(m for m in POLICY_MODES[policy] if m not in modes)
+            slack = plan is not None and plan.slack
+            decisions = admission.offer_batch(arrived, modes, now, slack, shut)
         for i, decision in zip(arrived, decisions):
             mode[i] = decision.mode
             reason[i] = decision.reason
