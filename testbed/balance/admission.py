@@ -118,7 +118,8 @@ def plan_modes(
     and open only the modes their schedule uses: on a user or two, paying both setups always
     "serves as many", and a server that opened both for its first arrivals kept paying both
     while those users ran (100 simulated users, 12 MiB: 31 in time, against 39 and 41 for
-    the single modes). The loop plans again as soon as PRICE_MIN_USERS have arrived.
+    the single modes). A user only a shut mode can serve may still open it
+    (`AdmissionController.offer_batch`).
     """
     hold = deadline[window] / span_s
     sub = Instance(

@@ -3,12 +3,12 @@
 Users arrive over time; at each period boundary the arrivals are offered to admission
 control (refused at once or admitted into AD or SD with their compute share), and the engine
 loop of `agents.balance.loop` runs one period against a simulated executor: an AD step of b
-users costs t_AD(b), an SD round t_SD(b) (both as profiled on the loop itself, the slower
-after-idle time for the first step after the loop waited) and yields each
-user a number of tokens drawn from the round-token distribution the profile measured; prefill
-costs its per-token time. The clock is virtual, so 10,000 users take seconds. The result says which
-users finished within their deadline (task throughput), how many were refused, and the peak
-memory reserved (weights and KV caches).
+users costs t_AD(b), an SD round t_SD(b) (both as profiled on the loop itself; the slower
+after-idle time for the first step after the loop waited), and an SD round yields each user
+1..g+1 tokens drawn from the shares the profile measured; prefill costs its per-token time.
+The clock is virtual, so 10,000 users take seconds. The result says which users finished
+within their deadline (task throughput), how many were refused, and the peak memory
+reserved (weights and KV caches).
 """
 
 from __future__ import annotations
