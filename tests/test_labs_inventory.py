@@ -133,7 +133,7 @@ def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts,
 
     from testbed.hosts import HostControl
     from testbed.netem.holder_build import find_holder
-    from testbed.netem.nfqueue import site_holder
+    from testbed.netem.nfqueue import release_counts, site_holder
 
     ns = namespace_hosts
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml")
@@ -169,7 +169,13 @@ def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts,
             assert r.rtt_ms is not None and abs(r.rtt_ms.p50 - 40) < 3, r
     finally:
         clear(lab)
+        released = release_counts(lab)  # written by the holder as it stopped
         lab.down()
+    # the holder counted every probe through each direction of both links
+    assert sorted((c.link, c.direction) for c in released) == [
+        ("dev1", "down"), ("dev1", "up"), ("dev2", "down"), ("dev2", "up"),
+    ]  # fmt: skip
+    assert all(c.released >= 40 and 0 <= c.late_over_500us <= c.released for c in released)
     probes = probe_links(lab, count=20, interval_ms=5)
     assert all(r.rtt_ms is not None and r.rtt_ms.p50 < 5 for r in probes.values())
 

@@ -70,3 +70,29 @@ def test_link_bench_pools_links_and_tolerates_chance_misses() -> None:
     # a systematic bias is caught by the pooled count even when single links look fine
     biased = LinkBench(85, 20, [row(d, 48) for d in range(20)])  # type: ignore[list-item]
     assert not biased.loss.pooled["l10 up"][3] and not biased.loss.ok
+
+
+def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
+    from testbed.netem.holder_process import START_MARK, parse_release_counts
+
+    line = (
+        "queue={q} link={link}/{d} in=120 out={out} lost=3 full=0 late_us_mean=12.5 "
+        "late_us_max={mx} late_over_500us={late}"
+    )
+    log = "\n".join([
+        START_MARK,
+        line.format(q=1, link="dev1", d="up", out=9, mx=900.0, late=2),  # an earlier holder
+        START_MARK,
+        "tb-holder: reload failed; kept going",
+        line.format(q=1, link="dev1", d="up", out=117, mx=3569.5, late=4),
+        line.format(q=2, link="dev1/backup", d="down", out=100, mx=40.0, late=0),
+        "queue=3 link=dev2/up in=x out=1",  # not a counts line: skipped
+    ])  # fmt: skip
+    counts = parse_release_counts(log)
+    assert [(c.queue, c.link, c.direction, c.released, c.late_over_500us) for c in counts] == [
+        (1, "dev1", "up", 117, 4),
+        (2, "dev1/backup", "down", 100, 0),
+    ]
+    assert counts[0].latest_ms == pytest.approx(3.5695)
+    bench = LinkBench(85, 1, [], holder=counts)
+    assert bench.holder_late == (217, 4, pytest.approx(3.5695))

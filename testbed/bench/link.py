@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from testbed.lab.interface import LinkSite
 from testbed.metrics.steal import steal_ms
 from testbed.netem.calibrate import Calibration, LossVerdict, calibrate, loss_verdict
+from testbed.netem.holder_process import ReleaseCounts
+from testbed.netem.nfqueue import release_counts
 from testbed.netem.profile import LinkProfile
 
 LOSSES = (0.0, 0.01, 0.05, 0.1, 0.5, 1.0)
@@ -29,6 +31,17 @@ class LinkBench:
     devices: int
     rows: list[Calibration] = field(default_factory=list)
     steal_ms: float | None = None  # CPU time the hypervisor took during the run (all CPUs)
+    holder: list[ReleaseCounts] = field(default_factory=list)  # its own release lateness
+
+    @property
+    def holder_late(self) -> tuple[int, int, float]:
+        """(released, released more than 0.5 ms after their due time, the latest in ms) over
+        every queue of the holder: its own timers' share of an RTT tail."""
+        return (
+            sum(q.released for q in self.holder),
+            sum(q.late_over_500us for q in self.holder),
+            max((q.latest_ms for q in self.holder), default=0.0),
+        )
 
     @property
     def worst_median_error_ms(self) -> float:
@@ -75,4 +88,7 @@ def run_link_bench(
     )
     steal_after = steal_ms()
     stolen = None if steal_before is None or steal_after is None else steal_after - steal_before
-    return LinkBench(rtt_ms=rtt_ms, devices=len(site.devices), rows=rows, steal_ms=stolen)
+    held = release_counts(site) if backend == "nfqueue" else []  # calibrate stopped it
+    return LinkBench(
+        rtt_ms=rtt_ms, devices=len(site.devices), rows=rows, steal_ms=stolen, holder=held
+    )

@@ -147,6 +147,12 @@ def link(
         if res.steal_ms is not None:
             typer.echo(f"CPU time the hypervisor took from this VM during the run (steal): "
                        f"{res.steal_ms:.0f} ms")  # fmt: skip
+        if res.holder:
+            released, late, latest = res.holder_late
+            typer.echo(
+                f"packet holder: {released} packets released, {late} of them more than 0.5 ms "
+                f"after their due time (its own timers), the latest {latest:.3f} ms late"
+            )
         _print_verdict(res.loss)
         if json_out:
             json_out.write_text(json.dumps([r.model_dump(mode="json") for r in res.rows]))

@@ -7,15 +7,19 @@ namespace here, of a middlebox over SSH, and of each host of a lab impaired on i
   `holder.spec.ack` (held packets keep their release time); otherwise a new holder starts,
   detached (`setsid`), and is ready once it prints `ready`;
 - `pid()`: the running holder, checked by its `--tag` (not only by a pid that may be reused);
-- `stop()`: SIGTERM (it releases what it holds), then SIGKILL if it lingers.
+- `stop()`: SIGTERM (it releases what it holds), then SIGKILL if it lingers;
+- `release_counts()`: per queue, what the holder released and how late its own timers let
+  it release (its log at exit, or when a reload unbinds a queue), for the holder last started.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -27,6 +31,46 @@ SPEC_FILE, CHANGES_FILE = "holder.spec", "link-changes.jsonl"
 READY_TIMEOUT_S = 10.0
 RT_PRIO = 20  # SCHED_FIFO: releases on time even when agents load every CPU
 POLL_LOCAL_S, POLL_REMOTE_S = 0.005, 0.05  # how often a reply is looked for
+START_MARK = "tb-holder start"  # written to the log before each start
+COUNTS = re.compile(
+    r"^queue=(?P<queue>\d+) link=(?P<link>\S+)/(?P<direction>\S+) in=\d+ out=(?P<out>\d+) "
+    r"lost=\d+ full=\d+ late_us_mean=[\d.]+ late_us_max=(?P<max_us>[\d.]+) "
+    r"late_over_500us=(?P<late>\d+)$"
+)
+
+
+@dataclass(frozen=True)
+class ReleaseCounts:
+    """One queue (a direction of a link): packets released on time, and how late its own
+    timers released them (counted from each packet's due time, as holder.c measures it)."""
+
+    queue: int
+    link: str
+    direction: str
+    released: int
+    late_over_500us: int
+    latest_ms: float
+
+
+def parse_release_counts(log: str) -> list[ReleaseCounts]:
+    """The per-queue counts the holder last started wrote to its log (lines of other kinds,
+    and of earlier holders, are skipped)."""
+    last_run = log.rsplit(START_MARK, 1)[-1]
+    out = []
+    for line in last_run.splitlines():
+        m = COUNTS.match(line.strip())
+        if m:
+            out.append(
+                ReleaseCounts(
+                    int(m["queue"]),
+                    m["link"],
+                    m["direction"],
+                    int(m["out"]),
+                    int(m["late"]),
+                    float(m["max_us"]) / 1000,
+                )  # fmt: skip
+            )
+    return out
 
 
 class HolderProcess:
@@ -96,9 +140,11 @@ class HolderProcess:
         argv = [self.binary(), "--tag", self.tag, "--rt-prio", str(RT_PRIO),
                 "--log", str(self.changes), str(self.spec)]  # fmt: skip
         out, pid_file = self._q(self.out), self._q(self.pid_file)
+        log = self._q(self.log)
         started = self._sh(
-            f"rm -f {out}; setsid {shlex.join(argv)} > {out} 2>> {self._q(self.log)} "
-            f"< /dev/null & echo $! > {pid_file}; cat {pid_file}"
+            f"rm -f {out}; echo {shlex.quote(START_MARK)} >> {log}; "
+            f"setsid {shlex.join(argv)} > {out} 2>> {log} < /dev/null & "
+            f"echo $! > {pid_file}; cat {pid_file}"
         ).strip()
         if self.runner.dry_run:
             return None
@@ -135,6 +181,11 @@ class HolderProcess:
         if not self.runner.dry_run and not self._wait(lambda: self.pid() is None):
             self.runner.run(["kill", "-KILL", str(pid)], check=False, error=ImpairmentError)
         self._sh(f"rm -f {self._q(self.pid_file)}")
+
+    def release_counts(self) -> list[ReleaseCounts]:
+        """Per queue, what the holder last started released and how late (written when it
+        stopped, or when a reload unbound the queue); empty while it runs."""
+        return parse_release_counts(self._read(self.log))
 
     def link_changes(self) -> list[dict[str, Any]]:
         """Every profile change the holder applied (one dict per link direction and phase,

@@ -28,7 +28,7 @@ from testbed.lab.interface import LinkSite
 from testbed.lab.spec import MAX_DEVICES, LabHost
 from testbed.lab.system import SystemRunner
 from testbed.netem import shaper
-from testbed.netem.holder_process import HolderProcess
+from testbed.netem.holder_process import HolderProcess, ReleaseCounts
 from testbed.netem.paths import PathLinks, htb_plan, impaired_paths
 from testbed.netem.profile import LinkProfile
 from testbed.netem.schedule import timeline
@@ -111,6 +111,11 @@ def site_holder(lab: LinkSite, runner: SystemRunner) -> HolderProcess:
     return HolderProcess(
         runner, lab.holder_path, holder_tag(lab.name), str(lab.runtime_dir), netns=lab.bridge_netns
     )
+
+
+def release_counts(lab: LinkSite) -> list[ReleaseCounts]:
+    """Per queue of `lab`'s holder: packets released and how late, once it has stopped."""
+    return site_holder(lab, lab.runner).release_counts()
 
 
 def link_changes(lab: LinkSite) -> list[dict[str, object]]:
