@@ -175,11 +175,24 @@ class AdmissionController:
     def __init__(self, inst: Instance, timing: Timing | None = None) -> None:
         self.inst = inst
         self.timing = timing
-        self.free_compute = inst.compute_capacity  # what started users leave (the engine's use)
-        self.free_memory = inst.memory_capacity
-        self.members = {AD: 0, SD: 0}  # started users per mode
         self.holds: dict[int, Hold] = {}
         self.now = 0.0
+
+    @property
+    def members(self) -> dict[int, int]:
+        """Started users per mode."""
+        started = [h.mode for h in self.holds.values() if h.started]
+        return {m: started.count(m) for m in (AD, SD)}
+
+    @property
+    def free_compute(self) -> float:
+        """Compute share the started users leave (the engine's use, setups included)."""
+        return self.inst.compute_capacity - self._usage(self._started())[0]
+
+    @property
+    def free_memory(self) -> float:
+        """Memory the started users leave (the engine's use, setups included)."""
+        return self.inst.memory_capacity - self._usage(self._started())[1]
 
     def offer_batch(
         self,
@@ -302,7 +315,6 @@ class AdmissionController:
             _, share = found
             pace, since = self._pace(uid, hold.mode, now)
             self.holds[uid] = Hold(hold.mode, share, hold.memory, now, hold.end, True)
-            self._take(hold.mode, share, hold.memory, 1)
             started.append(Start(uid, hold.mode, pace, since))
         return started
 
@@ -313,9 +325,7 @@ class AdmissionController:
 
     def release(self, uid: int) -> None:
         """Give back what user uid held (it finished, or left before it started)."""
-        hold = self.holds.pop(uid)
-        if hold.started:
-            self._take(hold.mode, hold.compute, hold.memory, -1)
+        del self.holds[uid]
 
     def earliest_start(
         self, i: int, mode: int, now: float, latest: float = np.inf
@@ -346,7 +356,6 @@ class AdmissionController:
         if found is not None:
             memory = float(self.inst.memory[i, mode - 1])
             self.holds[i] = Hold(mode, found[1], memory, self.now, self._end(i), True)
-            self._take(mode, found[1], memory, 1)
         return found is not None
 
     def _defer(self, i: int, modes: tuple[int, ...], why_not_now: str, may_wait: bool) -> Decision:
@@ -388,12 +397,16 @@ class AdmissionController:
 
     def _committed(self, t: float) -> tuple[float, float, set[int]]:
         """Compute and memory held at t, setups included, and the modes open then."""
-        active = [h for h in self.holds.values() if self._active(h, t)]
-        modes = {h.mode for h in active}
-        compute = sum(h.compute for h in active) + sum(
-            self.inst.setup_compute[m - 1] for m in modes
-        )
-        memory = sum(h.memory for h in active) + sum(self.inst.setup_memory[m - 1] for m in modes)
+        return self._usage([h for h in self.holds.values() if self._active(h, t)])
+
+    def _started(self) -> list[Hold]:
+        return [h for h in self.holds.values() if h.started]
+
+    def _usage(self, holds: list[Hold]) -> tuple[float, float, set[int]]:
+        """Compute and memory of `holds`, the setups of their modes included, and the modes."""
+        modes = {h.mode for h in holds}
+        compute = sum(h.compute for h in holds) + sum(self.inst.setup_compute[m - 1] for m in modes)
+        memory = sum(h.memory for h in holds) + sum(self.inst.setup_memory[m - 1] for m in modes)
         return float(compute), float(memory), modes
 
     def _fits_from(
@@ -413,10 +426,3 @@ class AdmissionController:
             if used_m + need_m > self.inst.memory_capacity * slack:
                 return False
         return True
-
-    def _take(self, mode: int, compute: float, memory: float, sign: int) -> None:
-        col = mode - 1
-        setup = self.members[mode] == 0 if sign > 0 else self.members[mode] == 1
-        self.members[mode] += sign
-        self.free_compute -= sign * (compute + setup * self.inst.setup_compute[col])
-        self.free_memory -= sign * (memory + setup * self.inst.setup_memory[col])

@@ -153,10 +153,15 @@ def timing_of(
 
 
 def make_instance(
-    cost: CostModel, users: Users, memory_budget: float, service: Service
+    cost: CostModel,
+    users: Users,
+    memory_budget: float,
+    service: Service,
+    demands: Demands | None = None,
 ) -> Instance:
-    """The instance for users on a server with memory_budget bytes in all."""
-    demands = user_demands(cost, users, service)
+    """The instance for users on a server with memory_budget bytes in all (`demands`: the
+    users' `user_demands`, when the caller has them already)."""
+    demands = demands or user_demands(cost, users, service)
     return Instance(
         compute=demands.compute,
         memory=demands.memory,

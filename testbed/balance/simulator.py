@@ -158,7 +158,7 @@ def serve(
     users = work.users
     n = len(users)
     demands = user_demands(cost, users, service)
-    inst = make_instance(cost, users, memory_budget, service)
+    inst = make_instance(cost, users, memory_budget, service, demands)
     admission = AdmissionController(inst, timing_of(cost, users, work.arrival, service, demands))
     rates = {AD: service.ad_steps_per_s, SD: service.sd_rounds_per_s}
     loop = HybridLoop(executor, rates, service.period_s)

@@ -41,8 +41,9 @@ COUNTS = re.compile(
 
 @dataclass(frozen=True)
 class ReleaseCounts:
-    """One queue (a direction of a link): packets released on time, and how late its own
-    timers released them (counted from each packet's due time, as holder.c measures it)."""
+    """One queue (a direction of a link): the packets it released, and how many of them its
+    own timers released more than 0.5 ms after their due time, and the latest (as holder.c
+    measures it, from the due time it armed)."""
 
     queue: int
     link: str
