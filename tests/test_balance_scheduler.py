@@ -104,6 +104,9 @@ def test_admission_never_exceeds_capacity_and_names_the_short_resource():
                 reasons.append(decision.reason)
         assert is_feasible(inst, modes)
     assert reasons and all(r.startswith(("no mode fits", "deadline too short")) for r in reasons)
+    single = AdmissionController(inst).offer_batch(np.arange(len(inst)), (AD,))
+    refused = [d.reason for d in single if not d.admitted]
+    assert refused and all(r.startswith(("no room in AD", "only SD", "deadline")) for r in refused)
     assert any("compute" in r or "memory" in r for r in reasons)
     used = usage(inst, modes)
     assert ctl.free_compute == pytest.approx(inst.compute_capacity - used.compute)
@@ -144,6 +147,30 @@ def test_a_user_whose_deadline_cannot_be_met_alone_is_refused_with_that_reason()
     sched = schedule(inst)
     assert list(sched.modes) == [UNSERVED, sched.modes[1]] and sched.modes[1] != UNSERVED
     assert refusals(inst, sched)[0].startswith("deadline too short")
+
+
+def test_a_refusal_names_the_mode_the_policy_lacks_or_the_setup_that_does_not_fit():
+    mib = 2.0**20
+    inst = Instance(
+        compute=np.array([[np.inf, 0.1], [np.inf, np.inf], [0.1, 0.1]]),
+        memory=np.array([[0.2, 0.3]] * 3) * mib,
+        compute_capacity=1.0,
+        memory_capacity=1.0 * mib,
+        setup_compute=np.array([0.1, 0.1]),
+        setup_memory=np.array([0.0, 0.8]) * mib,
+    )
+    only_sd, hopeless, _ = AdmissionController(inst).offer_batch(np.arange(3), (AD,))
+    assert only_sd.reason == "only SD can make its deadline, and this server runs AD only"
+    assert hopeless.reason.startswith("deadline too short: neither mode")
+    plan = Plan((AD,), (AD, SD), True, price_compute=1.0, price_memory=0.1 / mib, span_s=1.0)
+    ctl = AdmissionController(inst)
+    ctl.offer_batch(np.array([2]), (AD,))  # AD holds 0.2 of the 1.0: SD's 0.8 setup + 0.3 fail
+    setup_short, hopeless = ctl.offer_priced(np.arange(2), plan, np.ones(3))
+    assert setup_short.reason == (
+        "no mode fits (SD would be cheapest): "
+        "memory: needs 1.10 MiB with the mode's setup, 0.80 MiB free"
+    )
+    assert hopeless.reason.startswith("deadline too short: neither mode")
 
 
 def test_cost_model_errors_name_the_file_and_key(tmp_path):

@@ -35,29 +35,61 @@ class Decision:
         return self.mode != UNSERVED
 
 
-def refusal_reason(compute: np.ndarray, memory: np.ndarray, free_c: float, free_m: float) -> str:
-    """Why a user with demands (AD, SD) fits in neither mode, naming the short resource."""
-    if compute.min() > 1:
+def refusal_reason(
+    compute: np.ndarray,
+    memory: np.ndarray,
+    free_c: float,
+    free_m: float,
+    modes: tuple[int, ...] = (AD, SD),
+    setup_compute: np.ndarray | None = None,
+    setup_memory: np.ndarray | None = None,
+) -> str:
+    """Why a user with demands (AD, SD) fits in none of `modes`, naming the short resource.
+
+    setup_compute and setup_memory: what opening each mode would still cost (zero for a
+    mode already open)."""
+    setup_c = np.zeros(2) if setup_compute is None else setup_compute
+    setup_m = np.zeros(2) if setup_memory is None else setup_memory
+    can = [m for m in (AD, SD) if np.isfinite(compute[m - 1])]
+    if not can:
+        return "deadline too short: neither mode steps fast enough to make its tokens in time"
+    usable = [m for m in can if m in modes]
+    if not usable:
+        names = " or ".join(MODE_NAMES[m] for m in can)
+        runs = " and ".join(MODE_NAMES[m] for m in modes)
+        return f"only {names} can make its deadline, and this server runs {runs} only"
+    best = min(usable, key=lambda m: compute[m - 1])
+    col = best - 1
+    if compute[col] > 1:
         return (
-            f"deadline too short: even alone it needs {compute.min():.2f}x the server's time "
+            f"deadline too short: even alone it needs {compute[col]:.2f}x the server's time "
             "before its deadline"
         )
-    best = int(np.argmin(compute))
     parts = []
-    if compute[best] > free_c:
-        parts.append(f"compute: needs {compute[best]:.3f} of the server's time, {free_c:.3f} free")
-    if memory[best] > free_m:
-        parts.append(f"memory: needs {memory[best] / 2**20:.1f} MiB, {free_m / 2**20:.1f} MiB free")
-    detail = "; ".join(parts) or "setup of the other mode does not fit"
-    return f"no mode fits ({MODE_NAMES[best + 1]} would be cheapest): {detail}"
+    setup = " with the mode's setup" if setup_c[col] or setup_m[col] else ""
+    need_c, need_m = compute[col] + setup_c[col], memory[col] + setup_m[col]
+    if need_c > free_c:
+        parts.append(f"compute: needs {need_c:.3f} of the server's time{setup}, {free_c:.3f} free")
+    if need_m > free_m:
+        mib = 2**20
+        parts.append(f"memory: needs {need_m / mib:.2f} MiB{setup}, {free_m / mib:.2f} MiB free")
+    detail = "; ".join(parts) or "what is free went to other users, more of whom fit"
+    if len(modes) == 1:
+        return f"no room in {MODE_NAMES[best]}: {detail}"
+    return f"no mode fits ({MODE_NAMES[best]} would be cheapest): {detail}"
 
 
-def refusals(inst: Instance, sched: Schedule) -> dict[int, str]:
-    """Reasons for every user an offline schedule leaves out."""
+def refusals(inst: Instance, sched: Schedule, modes: tuple[int, ...] = (AD, SD)) -> dict[int, str]:
+    """Reasons for every user an offline schedule over `modes` leaves out."""
     free_c = inst.compute_capacity - sched.usage.compute
     free_m = inst.memory_capacity - sched.usage.memory
+    opened = [bool((sched.modes == m).any()) for m in (AD, SD)]
+    setup_c = np.where(opened, 0.0, inst.setup_compute)
+    setup_m = np.where(opened, 0.0, inst.setup_memory)
     return {
-        int(i): refusal_reason(inst.compute[i], inst.memory[i], free_c, free_m)
+        int(i): refusal_reason(
+            inst.compute[i], inst.memory[i], free_c, free_m, modes, setup_c, setup_m
+        )
         for i in np.flatnonzero(sched.modes == UNSERVED)
     }
 
@@ -229,7 +261,7 @@ class AdmissionController:
         )
         opened = tuple(m for m in (AD, SD) if m in allowed or (m in shut and needy.any()))
         sched = schedule(sub, opened)
-        reasons = refusals(sub, sched)
+        reasons = refusals(sub, sched, opened)
         decisions: dict[int, Decision] = {}
         for k, i in enumerate(users):
             mode = int(sched.modes[k])
@@ -274,6 +306,10 @@ class AdmissionController:
         decisions: dict[int, Decision] = {}
         for i in sorted(priced, key=lambda u: (cheapest[u], self._end(u))):
             modes = offered[i]
+            if not modes:  # no mode of this server can make its deadline
+                why = refusal_reason(self.inst.compute[i], self.inst.memory[i], 0, 0, plan.allowed)
+                decisions[i] = Decision(UNSERVED, why)
+                continue
             if cheapest[i] > PRICE_LIMIT:
                 decisions[i] = Decision(
                     UNSERVED,
@@ -286,12 +322,16 @@ class AdmissionController:
                     decisions[i] = Decision(mode, f"admitted in {MODE_NAMES[mode]}")
                     break
             else:
-                used_c, used_m, _ = self._committed(now)
+                used_c, used_m, open_modes = self._committed(now)
+                shut = np.array([m not in open_modes for m in (AD, SD)])
                 why = refusal_reason(
                     self.inst.compute[i],
                     self.inst.memory[i],
                     self.inst.compute_capacity - used_c,
                     self.inst.memory_capacity - used_m,
+                    plan.allowed if len(modes) == 1 else modes,
+                    self.inst.setup_compute * shut,
+                    self.inst.setup_memory * shut,
                 )
                 decisions[i] = self._defer(i, modes, why, may_wait)
         return [decisions[int(i)] for i in users]
