@@ -160,22 +160,32 @@ def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts,
     try:
         with HostControl(lab.inventory()) as hosts:
             assert all(r.ok for r in hosts.run_all("true").values())
-        apply(lab, LinkProfile(rtt_ms=40), backend="nfqueue")
+        first = apply(lab, LinkProfile(rtt_ms=40), backend="nfqueue")
         pid = site_holder(lab, lab.runner).pid()
         assert pid is not None and os.readlink(f"/proc/{pid}/exe") == str(built)
         probes = probe_links(lab, count=40, interval_ms=5)
         assert set(probes) == {"dev1", "dev2"}
         for r in probes.values():
             assert r.rtt_ms is not None and abs(r.rtt_ms.p50 - 40) < 3, r
+        second = apply(lab, LinkProfile(rtt_ms=20), backend="nfqueue")  # a reload
+        assert site_holder(lab, lab.runner).pid() == pid
+        for r in probe_links(lab, count=20, interval_ms=5).values():
+            assert r.rtt_ms is not None and abs(r.rtt_ms.p50 - 20) < 3, r
     finally:
         clear(lab)
         released = release_counts(lab)  # written by the holder as it stopped
         lab.down()
-    # the holder counted every probe through each direction of both links
-    assert sorted((c.link, c.direction) for c in released) == [
-        ("dev1", "down"), ("dev1", "up"), ("dev2", "down"), ("dev2", "up"),
-    ]  # fmt: skip
-    assert all(c.released >= 40 and 0 <= c.late_over_500us <= c.released for c in released)
+    # the holder counted every probe through each direction of both links, per profile
+    generations = [imp.backend_state["holder_generation"] for imp in (first, second)]
+    assert generations[1] == generations[0] + 1
+    for generation, probed in zip(generations, (40, 20)):
+        mine = [c for c in released if c.generation == generation]
+        assert sorted((c.link, c.direction) for c in mine) == [
+            ("dev1", "down"), ("dev1", "up"), ("dev2", "down"), ("dev2", "up"),
+        ]  # fmt: skip
+        # the probes, and the probe's warm-up datagrams (0.2-3 s, one per 20 ms)
+        assert all(probed <= c.released <= probed + 150 for c in mine), mine
+        assert all(0 <= c.late_over_500us <= c.released for c in mine)
     probes = probe_links(lab, count=20, interval_ms=5)
     assert all(r.rtt_ms is not None and r.rtt_ms.p50 < 5 for r in probes.values())
 

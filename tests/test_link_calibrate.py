@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.bench.link import LinkBench
-from testbed.netem.calibrate import analyse
+from testbed.netem.calibrate import Calibration, analyse
 from testbed.netem.probe import RawProbe
 from testbed.netem.profile import GilbertElliott, LinkProfile
 
@@ -76,23 +76,58 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
     from testbed.netem.holder_process import START_MARK, parse_release_counts
 
     line = (
-        "queue={q} link={link}/{d} in=120 out={out} lost=3 full=0 late_us_mean=12.5 "
+        "queue={q} link={link}/{d} gen={g} in=120 out={out} lost=3 full=0 late_us_mean=12.5 "
         "late_us_max={mx} late_over_500us={late}"
     )
     log = "\n".join([
         START_MARK,
-        line.format(q=1, link="dev1", d="up", out=9, mx=900.0, late=2),  # an earlier holder
+        line.format(q=1, link="dev1", d="up", g=1, out=9, mx=900.0, late=2),  # earlier holder
         START_MARK,
         "tb-holder: reload failed; kept going",
-        line.format(q=1, link="dev1", d="up", out=117, mx=3569.5, late=4),
-        line.format(q=2, link="dev1/backup", d="down", out=100, mx=40.0, late=0),
+        line.format(q=1, link="dev1", d="up", g=4, out=117, mx=3569.5, late=4),
+        line.format(q=2, link="dev1/backup", d="down", g=4, out=100, mx=40.0, late=0),
+        line.format(q=1, link="dev1", d="up", g=5, out=50, mx=20.0, late=0),
         "queue=3 link=dev2/up in=x out=1",  # not a counts line: skipped
     ])  # fmt: skip
     counts = parse_release_counts(log)
-    assert [(c.queue, c.link, c.direction, c.released, c.late_over_500us) for c in counts] == [
-        (1, "dev1", "up", 117, 4),
-        (2, "dev1/backup", "down", 100, 0),
+    assert [
+        (c.queue, c.link, c.direction, c.generation, c.released, c.late_over_500us) for c in counts
+    ] == [
+        (1, "dev1", "up", 4, 117, 4),
+        (2, "dev1/backup", "down", 4, 100, 0),
+        (1, "dev1", "up", 5, 50, 0),
     ]
     assert counts[0].latest_ms == pytest.approx(3.5695)
     bench = LinkBench(85, 1, [], holder=counts)
-    assert bench.holder_late == (217, 4, pytest.approx(3.5695))
+    assert bench.holder_late == (267, 4, pytest.approx(3.5695))
+
+
+def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_missed() -> None:
+    from testbed.netem.holder_process import ReleaseCounts
+
+    def row(profile: str, device: str, p99: float, gen: int) -> Calibration:
+        return Calibration.model_construct(
+            profile=profile, device=device, rtt_error_p99_ms=p99, holder_generation=gen
+        )
+
+    rows = [row("a", "dev1", 0.9, 1), row("a", "dev2", 0.1, 1), row("b", "dev1", 0.2, 2)]
+    counts = [
+        ReleaseCounts(1, "dev1", "up", 1, 100, 3, 1.2),
+        ReleaseCounts(2, "dev1", "down", 1, 100, 1, 0.7),
+        ReleaseCounts(3, "dev2", "up", 1, 100, 5, 0.9),
+        ReleaseCounts(4, "dev1/backup", "up", 1, 100, 7, 0.9),  # another path: not dev1's
+        ReleaseCounts(1, "dev1", "up", 2, 80, 2, 0.6),
+    ]
+    bench = LinkBench(85, 2, rows, holder=counts)  # type: ignore[arg-type]
+    assert bench.holder_late_on(rows[0]) == (200, 4)
+    assert bench.holder_late_on(rows[2]) == (80, 2)
+    a, b = bench.tails()
+    assert (a.profile, a.links, a.missed, a.late_all, a.late_missed, a.released) == (
+        "a",
+        2,
+        1,
+        9,
+        4,
+        300,
+    )
+    assert (b.missed, b.late_all, b.late_missed) == (0, 2, 0)

@@ -23,6 +23,18 @@ LOSSES = (0.0, 0.01, 0.05, 0.1, 0.5, 1.0)
 GOAL_MEDIAN_MS, GOAL_P99_MS = 0.2, 0.5
 
 
+@dataclass(frozen=True)
+class ProfileTail:
+    """One profile's RTT tail against the holder's own lateness (`LinkBench.tails`)."""
+
+    profile: str
+    links: int
+    missed: int  # links whose p99 |RTT error| exceeded the goal
+    late_all: int  # packets the holder released > 0.5 ms late, all links
+    late_missed: int  # ... on the links that missed
+    released: int  # packets the holder released, all links
+
+
 @dataclass
 class LinkBench:
     """Every link x loss rate measured, and the fidelity figures derived from them."""
@@ -42,6 +54,33 @@ class LinkBench:
             sum(q.late_over_500us for q in self.holder),
             max((q.latest_ms for q in self.holder), default=0.0),
         )
+
+    def holder_late_on(self, row: Calibration) -> tuple[int, int]:
+        """(released, released more than 0.5 ms late) by the holder on row's link (both
+        directions, primary path) while row's profile was loaded."""
+        mine = [
+            q for q in self.holder if q.link == row.device and q.generation == row.holder_generation
+        ]
+        return sum(q.released for q in mine), sum(q.late_over_500us for q in mine)
+
+    def tails(self) -> list[ProfileTail]:
+        """Per profile: the links whose p99 RTT error missed the goal, and how many packets
+        the holder itself released late on them and on all links (its share of the tail)."""
+        out = []
+        for name in dict.fromkeys(r.profile for r in self.rows):
+            rows = [r for r in self.rows if r.profile == name]
+            missed = [r for r in rows if (r.rtt_error_p99_ms or 0.0) > GOAL_P99_MS]
+            out.append(
+                ProfileTail(
+                    profile=name,
+                    links=len(rows),
+                    missed=len(missed),
+                    late_all=sum(self.holder_late_on(r)[1] for r in rows),
+                    late_missed=sum(self.holder_late_on(r)[1] for r in missed),
+                    released=sum(self.holder_late_on(r)[0] for r in rows),
+                )
+            )
+        return out
 
     @property
     def worst_median_error_ms(self) -> float:

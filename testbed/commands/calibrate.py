@@ -153,6 +153,12 @@ def link(
                 f"packet holder: {released} packets released, {late} of them more than 0.5 ms "
                 f"after their due time (its own timers), the latest {latest:.3f} ms late"
             )
+            for t in res.tails():
+                typer.echo(
+                    f"  {t.profile}: p99 |error| over {GOAL_P99_MS} ms on {t.missed} of "
+                    f"{t.links} links; the holder released {t.late_all} of {t.released} "
+                    f"packets late, {t.late_missed} of them on those links"
+                )
         _print_verdict(res.loss)
         if json_out:
             json_out.write_text(json.dumps([r.model_dump(mode="json") for r in res.rows]))

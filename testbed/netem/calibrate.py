@@ -84,6 +84,7 @@ class Calibration(BaseModel):
     bursts_up: BurstCheck | None
     bursts_down: BurstCheck | None
     throughput_mbit: float | None  # echo payload throughput (rate-limited profiles)
+    holder_generation: int | None = None  # the packet holder's spec while it was measured
 
     @property
     def ok(self) -> bool:
@@ -246,12 +247,16 @@ def calibrate(
         for name, profile in profiles.items():
             imp = apply(site, profile, [t.name for t in targets], backend=backend)
             used = imp.backend + (f"/{imp.holder}" if imp.holder else "")
+            generation = imp.backend_state.get("holder_generation")
             with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(targets)))) as pool:
                 jobs = [
                     pool.submit(_measure, site, name, used, profile, d, count, interval_ms)
                     for d in targets
                 ]
-                out += [j.result() for j in jobs]
+                for job in jobs:
+                    row = job.result()
+                    row.holder_generation = generation
+                    out.append(row)
     finally:
         clear(site, [t.name for t in targets])
     return out

@@ -22,7 +22,8 @@
  *
  * usage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] [--log FILE] SPEC
  * Prints "ready" on stdout once every queue is bound; on SIGTERM/SIGINT releases what it holds,
- * prints per-queue counts on stderr and exits 0.
+ * prints per-queue counts on stderr and exits 0. Counts are per generation: a reload first
+ * prints each queue's counts under the generation it replaces, then starts them afresh.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -217,18 +218,24 @@ static uint64_t release(int all) {
     return next;
 }
 
-static void print_counts(const queue_t *q) {
-    fprintf(stderr,
-            "queue=%d link=%s/%s in=%lu out=%lu lost=%lu full=%lu late_us_mean=%.1f "
-            "late_us_max=%.1f late_over_500us=%lu\n",
-            q->num, q->link, q->direction, q->n_in, q->n_out, q->n_lost, q->n_full,
-            q->n_out ? q->late_ns_sum / 1e3 / q->n_out : 0.0, q->late_ns_max / 1e3, q->n_late500);
+/* Print q's counts (if it saw any packet since they were last printed) under the generation in
+ * force, and start them afresh. */
+static void flush_counts(queue_t *q) {
+    if (q->n_in || q->n_out || q->n_lost || q->n_full)
+        fprintf(stderr,
+                "queue=%d link=%s/%s gen=%lu in=%lu out=%lu lost=%lu full=%lu late_us_mean=%.1f "
+                "late_us_max=%.1f late_over_500us=%lu\n",
+                q->num, q->link, q->direction, generation, q->n_in, q->n_out, q->n_lost,
+                q->n_full, q->n_out ? q->late_ns_sum / 1e3 / q->n_out : 0.0,
+                q->late_ns_max / 1e3, q->n_late500);
+    q->n_in = q->n_out = q->n_lost = q->n_full = q->n_late500 = 0;
+    q->late_ns_sum = q->late_ns_max = 0;
 }
 
 static void drop_queue(int i) {
     queue_t *q = queues[i];
     release_queue(q, 1, now_ns());
-    print_counts(q);
+    flush_counts(q);
     nfq_destroy_queue(q->qh);
     free(q->ring);
     free(q->phases);
@@ -416,6 +423,7 @@ int main(int argc, char **argv) {
     while (!stop) {
         if (reload) {
             reload = 0;
+            for (int i = 0; i < n_queues; i++) flush_counts(queues[i]);
             if (load_spec(spec) != 0) fprintf(stderr, "tb-holder: reload failed; kept going\n");
         }
         uint64_t next = release(0), change = advance_phases(now_ns());

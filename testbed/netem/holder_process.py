@@ -33,7 +33,8 @@ RT_PRIO = 20  # SCHED_FIFO: releases on time even when agents load every CPU
 POLL_LOCAL_S, POLL_REMOTE_S = 0.005, 0.05  # how often a reply is looked for
 START_MARK = "tb-holder start"  # written to the log before each start
 COUNTS = re.compile(
-    r"^queue=(?P<queue>\d+) link=(?P<link>\S+)/(?P<direction>\S+) in=\d+ out=(?P<out>\d+) "
+    r"^queue=(?P<queue>\d+) link=(?P<link>\S+)/(?P<direction>\S+) gen=(?P<gen>\d+) in=\d+ "
+    r"out=(?P<out>\d+) "
     r"lost=\d+ full=\d+ late_us_mean=[\d.]+ late_us_max=(?P<max_us>[\d.]+) "
     r"late_over_500us=(?P<late>\d+)$"
 )
@@ -41,13 +42,14 @@ COUNTS = re.compile(
 
 @dataclass(frozen=True)
 class ReleaseCounts:
-    """One queue (a direction of a link): the packets it released, and how many of them its
-    own timers released more than 0.5 ms after their due time, and the latest (as holder.c
-    measures it, from the due time it armed)."""
+    """One queue (a direction of a link) under one spec generation: the packets it released,
+    and how many of them its own timers released more than 0.5 ms after their due time, and
+    the latest (as holder.c measures it, from the due time it armed)."""
 
     queue: int
     link: str
     direction: str
+    generation: int
     released: int
     late_over_500us: int
     latest_ms: float
@@ -66,6 +68,7 @@ def parse_release_counts(log: str) -> list[ReleaseCounts]:
                     int(m["queue"]),
                     m["link"],
                     m["direction"],
+                    int(m["gen"]),
                     int(m["out"]),
                     int(m["late"]),
                     float(m["max_us"]) / 1000,

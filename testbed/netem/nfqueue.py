@@ -237,10 +237,10 @@ class NfqueueBackend:
         if queued:
             held = {p.path: {k: v for k, v in p.profiles.items() if (p.path, k) in queued}
                     for p in paths}  # fmt: skip
-            spec = holder_spec(
-                holder.generation() + 1, paths[0].devices, held["primary"], held.get("backup")
-            )
+            generation = holder.generation() + 1
+            spec = holder_spec(generation, paths[0].devices, held["primary"], held.get("backup"))
             state["holder"] = "c"
+            state["holder_generation"] = generation
             state["holder_pid"] = holder.load(spec)
         else:
             self._flush(sw)
