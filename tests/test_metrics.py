@@ -278,3 +278,27 @@ def test_steal_is_read_from_the_cpu_line_in_ms(tmp_path):
         assert steal_ms(stat) is None, text
     assert steal_ms(tmp_path / "missing") is None
     assert steal_ms() is not None  # this kernel's own /proc/stat has the field
+
+
+def test_steal_sampled_through_a_run_is_told_for_a_window_inside_it(tmp_path):
+    import os
+    import time
+
+    from testbed.metrics.steal import StealSampler
+
+    tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3 4 5 6 7 100 0 0\n")
+    with StealSampler(every_s=0.01, stat=stat) as sampler:
+        time.sleep(0.05)
+        mid = time.time()
+        stat.write_text("cpu  1 2 3 4 5 6 7 160 0 0\n")  # 60 ticks stolen
+        time.sleep(0.05)
+    first, last = sampler.samples[0][0], sampler.samples[-1][0]
+    assert sampler.between(first, last) == pytest.approx(60 * tick_ms)
+    before = max(t for t, _ in sampler.samples if t < mid)
+    assert sampler.between(first, before) == 0.0  # read before the change
+    assert sampler.between(first - 1.0, last) is None  # not covered by the sampling
+    with StealSampler(every_s=0.01, stat=tmp_path / "missing") as blind:
+        time.sleep(0.02)
+    assert blind.samples == [] and blind.between(0.0, 1.0) is None

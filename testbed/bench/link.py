@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from testbed.lab.interface import LinkSite
-from testbed.metrics.steal import steal_ms
+from testbed.metrics.steal import StealSampler
 from testbed.netem.calibrate import Calibration, LossVerdict, calibrate, loss_verdict
 from testbed.netem.holder_process import ReleaseCounts
 from testbed.netem.nfqueue import release_counts
@@ -33,6 +33,7 @@ class ProfileTail:
     late_all: int  # packets the holder released > 0.5 ms late, all links
     late_missed: int  # ... on the links that missed
     released: int  # packets the holder released, all links
+    steal_ms: float | None  # CPU time the hypervisor took while the profile was probed
 
 
 @dataclass
@@ -44,6 +45,7 @@ class LinkBench:
     rows: list[Calibration] = field(default_factory=list)
     steal_ms: float | None = None  # CPU time the hypervisor took during the run (all CPUs)
     holder: list[ReleaseCounts] = field(default_factory=list)  # its own release lateness
+    steal: StealSampler | None = None  # steal sampled through the run, to tell it per profile
 
     @property
     def holder_late(self) -> tuple[int, int, float]:
@@ -78,9 +80,15 @@ class LinkBench:
                     late_all=sum(self.holder_late_on(r)[1] for r in rows),
                     late_missed=sum(self.holder_late_on(r)[1] for r in missed),
                     released=sum(self.holder_late_on(r)[0] for r in rows),
+                    steal_ms=self._steal_during(rows[0]),
                 )
             )
         return out
+
+    def _steal_during(self, row: Calibration) -> float | None:
+        if self.steal is None or row.started_at is None or row.ended_at is None:
+            return None
+        return self.steal.between(row.started_at, row.ended_at)
 
     @property
     def worst_median_error_ms(self) -> float:
@@ -116,18 +124,22 @@ def run_link_bench(
         f"{rtt_ms:g}ms-loss{100 * p:g}": LinkProfile(rtt_ms=rtt_ms, loss=p, seed=i)
         for i, p in enumerate(losses)
     }
-    steal_before = steal_ms()
-    rows = calibrate(
-        site,
-        profiles,
-        count=count,
-        interval_ms=interval_ms,
-        parallel=len(site.devices),
-        backend=backend,  # type: ignore[arg-type]
-    )
-    steal_after = steal_ms()
-    stolen = None if steal_before is None or steal_after is None else steal_after - steal_before
+    with StealSampler() as steal:
+        rows = calibrate(
+            site,
+            profiles,
+            count=count,
+            interval_ms=interval_ms,
+            parallel=len(site.devices),
+            backend=backend,  # type: ignore[arg-type]
+        )
+    stolen = steal.between(steal.samples[0][0], steal.samples[-1][0]) if steal.samples else None
     held = release_counts(site) if backend == "nfqueue" else []  # calibrate stopped it
     return LinkBench(
-        rtt_ms=rtt_ms, devices=len(site.devices), rows=rows, steal_ms=stolen, holder=held
+        rtt_ms=rtt_ms,
+        devices=len(site.devices),
+        rows=rows,
+        steal_ms=stolen,
+        holder=held,
+        steal=steal,
     )

@@ -158,6 +158,7 @@ def link(
                     f"  {t.profile}: p99 |error| over {GOAL_P99_MS} ms on {t.missed} of "
                     f"{t.links} links; the holder released {t.late_all} of {t.released} "
                     f"packets late, {t.late_missed} of them on those links"
+                    + ("" if t.steal_ms is None else f"; steal {t.steal_ms:.0f} ms")
                 )
         _print_verdict(res.loss)
         if json_out:

@@ -10,6 +10,7 @@ echo throughput when the profile limits the rate.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -85,6 +86,8 @@ class Calibration(BaseModel):
     bursts_down: BurstCheck | None
     throughput_mbit: float | None  # echo payload throughput (rate-limited profiles)
     holder_generation: int | None = None  # the packet holder's spec while it was measured
+    started_at: float | None = None  # wall clock (s): the profile's probes began ...
+    ended_at: float | None = None  # ... and every link's probes had ended
 
     @property
     def ok(self) -> bool:
@@ -248,15 +251,17 @@ def calibrate(
             imp = apply(site, profile, [t.name for t in targets], backend=backend)
             used = imp.backend + (f"/{imp.holder}" if imp.holder else "")
             generation = imp.backend_state.get("holder_generation")
+            started = time.time()
             with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(targets)))) as pool:
                 jobs = [
                     pool.submit(_measure, site, name, used, profile, d, count, interval_ms)
                     for d in targets
                 ]
-                for job in jobs:
-                    row = job.result()
-                    row.holder_generation = generation
-                    out.append(row)
+                rows = [j.result() for j in jobs]
+            ended = time.time()
+            for row in rows:
+                row.holder_generation, row.started_at, row.ended_at = generation, started, ended
+            out += rows
     finally:
         clear(site, [t.name for t in targets])
     return out
