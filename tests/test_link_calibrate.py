@@ -77,7 +77,7 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
 
     line = (
         "queue={q} link={link}/{d} gen={g} in=120 out={out} lost=3 full=0 late_us_mean=12.5 "
-        "late_us_max={mx} late_over_500us={late}"
+        "late_us_max={mx} late_over_500us={late} by_backup=3"
     )
     log = "\n".join([
         START_MARK,
@@ -112,7 +112,7 @@ def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_mi
 
     rows = [row("a", "dev1", 0.9, 1), row("a", "dev2", 0.1, 1), row("b", "dev1", 0.2, 2)]
     counts = [
-        ReleaseCounts(1, "dev1", "up", 1, 100, 3, 1.2),
+        ReleaseCounts(1, "dev1", "up", 1, 100, 3, 1.2, by_backup=2),
         ReleaseCounts(2, "dev1", "down", 1, 100, 1, 0.7),
         ReleaseCounts(3, "dev2", "up", 1, 100, 5, 0.9),
         ReleaseCounts(4, "dev1/backup", "up", 1, 100, 7, 0.9),  # another path: not dev1's
@@ -131,3 +131,21 @@ def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_mi
         300,
     )
     assert (b.missed, b.late_all, b.late_missed) == (0, 2, 0)
+    assert (a.by_backup, b.by_backup) == (2, 0)
+    # the no-backup comparison rows are shown, not judged against the goals
+    compared = LinkBench(85, 2, [*rows, row("a no-backup", "dev1", 9.0, 3)])  # type: ignore[list-item]
+    assert compared.worst_p99_error_ms == 0.9
+
+
+def test_holder_flags_come_from_the_environment_and_unknown_ones_are_named(monkeypatch) -> None:
+    from testbed.errors import BadInputError
+    from testbed.netem.holder_process import FLAGS_ENV, flags_for_holders, holder_flags
+
+    monkeypatch.delenv(FLAGS_ENV, raising=False)
+    assert holder_flags() == []
+    with flags_for_holders(("--no-backup",)):
+        assert holder_flags() == ["--no-backup"]
+    assert FLAGS_ENV not in __import__("os").environ
+    monkeypatch.setenv(FLAGS_ENV, "--no-backup --fast")
+    with pytest.raises(BadInputError, match=rf"{FLAGS_ENV}: unknown holder flag\(s\) \['--fast'\]"):
+        holder_flags()

@@ -117,6 +117,13 @@ def link(
     lab_name: Annotated[str, typer.Option(help="Name of the temporary lab.")] = "blink",
     subnet: Annotated[str, typer.Option(help="Subnet of the temporary lab.")] = "10.79.211.0/24",
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write rows here.")] = None,
+    compare_backup: Annotated[
+        bool,
+        typer.Option(
+            help="Measure each loss rate also with the holder's main thread releasing alone "
+            "(no backup releaser), right after, side by side."
+        ),
+    ] = False,
 ) -> None:
     """Link fidelity at every loss rate, all devices loaded at once (userspace backend)."""
     import time
@@ -134,7 +141,9 @@ def link(
             site, own = EmulatedLab.up(spec), True
         up_s = time.monotonic() - t0
         try:
-            res = run_link_bench(site, rtt, count=count, interval_ms=interval)
+            res = run_link_bench(
+                site, rtt, count=count, interval_ms=interval, compare_backup=compare_backup
+            )
         finally:
             if own:
                 site.down()
@@ -157,7 +166,8 @@ def link(
                 typer.echo(
                     f"  {t.profile}: p99 |error| over {GOAL_P99_MS} ms on {t.missed} of "
                     f"{t.links} links; the holder released {t.late_all} of {t.released} "
-                    f"packets late, {t.late_missed} of them on those links"
+                    f"packets late, {t.late_missed} of them on those links; its backup "
+                    f"released {t.by_backup}"
                     + ("" if t.steal_ms is None else f"; steal {t.steal_ms:.0f} ms")
                 )
         _print_verdict(res.loss)

@@ -19,8 +19,13 @@
  * Accuracy: the hold counts from the packet's kernel receive timestamp (switched on by holding
  * one SO_TIMESTAMP socket), not from when it was read; timers are armed early by the running
  * mean of how late this process wakes up; timer slack is 1 ns; --rt-prio runs it SCHED_FIFO.
+ * A backup releaser thread, pinned to another CPU than the main thread, releases what is more
+ * than BACKUP_GRACE_NS overdue: on a VM the hypervisor takes one virtual CPU at a time for
+ * milliseconds (steal), and the other then releases on time. Each release is one batch verdict
+ * (every held packet of the queue up to the last one due), so two releasers never reorder;
+ * --no-backup runs the main thread alone.
  *
- * usage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] [--log FILE] SPEC
+ * usage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] [--log FILE] [--no-backup] SPEC
  * Prints "ready" on stdout once every queue is bound; on SIGTERM/SIGINT releases what it holds,
  * prints per-queue counts on stderr and exits 0. Counts are per generation: a reload first
  * prints each queue's counts under the generation it replaces, then starts them afresh.
@@ -29,7 +34,9 @@
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +54,8 @@
 
 #define MAX_QUEUES 1024
 #define MAX_EARLY_NS 1000000LL
+#define BACKUP_GRACE_NS 200000ULL /* the backup releases packets overdue by more than this */
+#define BACKUP_POLL_NS 2000000ULL /* ... and looks at least this often */
 enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };
 static const char *DIST_NAMES[] = {"uniform", "normal", "pareto", "paretonormal"};
 
@@ -67,9 +76,11 @@ typedef struct {
     uint64_t prev_t0, prev_rng;
     uint64_t t0, last_due, rng;
     held_t *ring;
-    size_t cap, head, tail;
-    unsigned long n_in, n_out, n_lost, n_full, n_late500; /* n_late500: released >0.5 ms late */
-    uint64_t late_ns_sum, late_ns_max;
+    size_t cap;
+    _Atomic size_t head, tail; /* head: taken by either releaser; tail: by the main thread */
+    unsigned long n_in, n_lost, n_full;
+    _Atomic unsigned long n_out, n_late500, n_backup; /* n_late500: released >0.5 ms late */
+    _Atomic uint64_t late_ns_sum, late_ns_max;        /* n_backup: released by the backup */
 } queue_t;
 
 static queue_t *queues[MAX_QUEUES];
@@ -77,6 +88,7 @@ static int n_queues;
 static struct nfq_handle *nfq;
 static int64_t wake_late_ns;
 static volatile sig_atomic_t stop, reload;
+static pthread_mutex_t queues_lock = PTHREAD_MUTEX_INITIALIZER; /* queues[] changes under it */
 static uint64_t seed;
 static FILE *change_log;
 
@@ -174,8 +186,8 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
         q->n_lost++;
         return nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
     }
-    size_t next = (q->tail + 1) % q->cap;
-    if (next == q->head) { /* full: drop rather than pass it unimpaired */
+    size_t tail = atomic_load(&q->tail), next = (tail + 1) % q->cap;
+    if (next == atomic_load(&q->head)) { /* full: drop rather than pass it unimpaired */
         q->n_full++;
         return nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
     }
@@ -185,37 +197,123 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     if (due < (int64_t)at) due = (int64_t)at;
     if ((uint64_t)due < q->last_due) due = (int64_t)q->last_due; /* FIFO: no reordering */
     q->last_due = (uint64_t)due;
-    q->ring[q->tail].id = id;
-    q->ring[q->tail].due = (uint64_t)due;
-    q->tail = next;
+    q->ring[tail].id = id;
+    q->ring[tail].due = (uint64_t)due;
+    atomic_store(&q->tail, next); /* publishes the slot to the releasers */
     return 0;
 }
 
-static void release_queue(queue_t *q, int all, uint64_t t) {
-    while (q->head != q->tail && (all || q->ring[q->head].due <= t)) {
-        if (!all) {
-            int64_t late = (int64_t)(t - q->ring[q->head].due);
-            q->late_ns_sum += (uint64_t)late;
-            if ((uint64_t)late > q->late_ns_max) q->late_ns_max = (uint64_t)late;
-            if (late > 500000) q->n_late500++;
-            wake_late_ns += (late - wake_late_ns) / 16;
+/* Accept the held packets of q due by `cutoff` (all if `all`) with one batch verdict; `t` is
+ * now, `by_main` says which releaser runs it. The run is read before it is taken (a compare and
+ * swap of head), since the main thread may refill its slots as soon as it is taken. */
+static void release_queue(queue_t *q, int all, uint64_t cutoff, uint64_t t, int by_main) {
+    for (;;) {
+        size_t head = atomic_load(&q->head), tail = atomic_load(&q->tail), end = head;
+        uint32_t last = 0;
+        uint64_t sum = 0, worst = 0;
+        unsigned long n = 0, late500 = 0;
+        while (end != tail && (all || q->ring[end].due <= cutoff)) {
+            int64_t late = (int64_t)(t - q->ring[end].due);
+            if (late < 0) late = 0;
+            sum += (uint64_t)late;
+            if ((uint64_t)late > worst) worst = (uint64_t)late;
+            late500 += late > 500000;
+            last = q->ring[end].id;
+            n++;
+            end = (end + 1) % q->cap;
+        }
+        if (n == 0) return;
+        if (!atomic_compare_exchange_strong(&q->head, &head, end)) continue; /* the other took */
+        nfq_set_verdict_batch(q->qh, last, NF_ACCEPT);
+        q->n_out += n;
+        if (all) return;
+        q->late_ns_sum += sum;
+        q->n_late500 += late500;
+        if (!by_main) q->n_backup += n;
+        uint64_t was = atomic_load(&q->late_ns_max);
+        while (worst > was && !atomic_compare_exchange_weak(&q->late_ns_max, &was, worst)) {}
+        if (by_main) {
+            int64_t mean = (int64_t)(sum / n);
+            wake_late_ns += (mean - wake_late_ns) / 16;
             if (wake_late_ns > MAX_EARLY_NS) wake_late_ns = MAX_EARLY_NS;
         }
-        nfq_set_verdict(q->qh, q->ring[q->head].id, NF_ACCEPT, 0, NULL);
-        q->n_out++;
-        q->head = (q->head + 1) % q->cap;
+        return;
     }
 }
 
-/* Accept every held packet that is due (all if `all`); returns the earliest due left. */
+/* Main thread: accept every held packet that is due (all if `all`); returns the earliest due
+ * left. */
 static uint64_t release(int all) {
     uint64_t t = now_ns(), next = UINT64_MAX;
     for (int i = 0; i < n_queues; i++) {
         queue_t *q = queues[i];
-        release_queue(q, all, t);
-        if (q->head != q->tail && q->ring[q->head].due < next) next = q->ring[q->head].due;
+        release_queue(q, all, t, t, 1);
+        size_t head = atomic_load(&q->head);
+        if (head != atomic_load(&q->tail) && q->ring[head].due < next) next = q->ring[head].due;
     }
     return next;
+}
+
+/* Backup releaser: wakes BACKUP_GRACE_NS after the earliest due (at least every
+ * BACKUP_POLL_NS) and releases what the main thread has not. */
+static void *backup_releaser(void *arg) {
+    (void)arg;
+    int tfd = timerfd_create(CLOCK_MONOTONIC, 0);
+    if (tfd < 0) { perror("tb-holder: backup timerfd"); return NULL; }
+    while (!stop) {
+        uint64_t t = now_ns(), next = t + BACKUP_POLL_NS;
+        pthread_mutex_lock(&queues_lock);
+        for (int i = 0; i < n_queues; i++) {
+            queue_t *q = queues[i];
+            release_queue(q, 0, t - BACKUP_GRACE_NS, t, 0);
+            size_t head = atomic_load(&q->head);
+            if (head != atomic_load(&q->tail) && q->ring[head].due + BACKUP_GRACE_NS < next)
+                next = q->ring[head].due + BACKUP_GRACE_NS; /* a hint: the slot may be refilled */
+        }
+        pthread_mutex_unlock(&queues_lock);
+        if (next <= t) next = t + 1000;
+        struct itimerspec its = {0};
+        its.it_value.tv_sec = (time_t)(next / 1000000000ULL);
+        its.it_value.tv_nsec = (long)(next % 1000000000ULL);
+        timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, NULL);
+        uint64_t x;
+        if (read(tfd, &x, sizeof x) < 0 && errno != EINTR) break;
+    }
+    close(tfd);
+    return NULL;
+}
+
+/* Pin the calling thread to `cpu`; 0 on success. */
+static int pin_to(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+static int backup_cpu = -1;
+
+static void *backup_main(void *arg) {
+    if (pin_to(backup_cpu) != 0) fprintf(stderr, "tb-holder: could not pin the backup\n");
+    return backup_releaser(arg);
+}
+
+/* Start the backup releaser on the second CPU this process may use, the main thread pinned to
+ * the first; returns 0 when it runs. Signals stay with the main thread. */
+static int start_backup(pthread_t *thread) {
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return -1;
+    int cpus[2], n = 0;
+    for (int c = 0; c < CPU_SETSIZE && n < 2; c++)
+        if (CPU_ISSET(c, &allowed)) cpus[n++] = c;
+    if (pin_to(cpus[0]) != 0) return -1;
+    backup_cpu = cpus[1];
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int rc = pthread_create(thread, NULL, backup_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
 }
 
 /* Print q's counts (if it saw any packet since they were last printed) under the generation in
@@ -224,17 +322,20 @@ static void flush_counts(queue_t *q) {
     if (q->n_in || q->n_out || q->n_lost || q->n_full)
         fprintf(stderr,
                 "queue=%d link=%s/%s gen=%lu in=%lu out=%lu lost=%lu full=%lu late_us_mean=%.1f "
-                "late_us_max=%.1f late_over_500us=%lu\n",
-                q->num, q->link, q->direction, generation, q->n_in, q->n_out, q->n_lost,
-                q->n_full, q->n_out ? q->late_ns_sum / 1e3 / q->n_out : 0.0,
-                q->late_ns_max / 1e3, q->n_late500);
-    q->n_in = q->n_out = q->n_lost = q->n_full = q->n_late500 = 0;
+                "late_us_max=%.1f late_over_500us=%lu by_backup=%lu\n",
+                q->num, q->link, q->direction, generation, q->n_in, (unsigned long)q->n_out,
+                q->n_lost, q->n_full, q->n_out ? (double)q->late_ns_sum / 1e3 / q->n_out : 0.0,
+                (double)q->late_ns_max / 1e3, (unsigned long)q->n_late500,
+                (unsigned long)q->n_backup);
+    q->n_in = q->n_lost = q->n_full = 0;
+    q->n_out = q->n_late500 = q->n_backup = 0;
     q->late_ns_sum = q->late_ns_max = 0;
 }
 
 static void drop_queue(int i) {
     queue_t *q = queues[i];
-    release_queue(q, 1, now_ns());
+    uint64_t t = now_ns();
+    release_queue(q, 1, t, t, 1);
     flush_counts(q);
     nfq_destroy_queue(q->qh);
     free(q->ring);
@@ -366,18 +467,19 @@ static void on_signal(int sig) {
 
 static int usage(const char *msg) {
     fprintf(stderr, "tb-holder: %s\nusage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] "
-                    "[--log FILE] SPEC\n", msg);
+                    "[--log FILE] [--no-backup] SPEC\n", msg);
     return 2;
 }
 
 int main(int argc, char **argv) {
-    int rt_prio = 0;
+    int rt_prio = 0, backup = 1;
     const char *spec = NULL, *log_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tag") && i + 1 < argc) { i++; continue; }
         if (!strcmp(argv[i], "--seed") && i + 1 < argc) { seed = strtoull(argv[++i], NULL, 10) + 1; continue; }
         if (!strcmp(argv[i], "--rt-prio") && i + 1 < argc) { rt_prio = atoi(argv[++i]); continue; }
         if (!strcmp(argv[i], "--log") && i + 1 < argc) { log_path = argv[++i]; continue; }
+        if (!strcmp(argv[i], "--no-backup")) { backup = 0; continue; }
         if (spec) return usage("more than one spec file");
         spec = argv[i];
     }
@@ -414,6 +516,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tb-holder: no kernel timestamps; holding from read time\n");
     int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK);
     if (tfd < 0) { perror("tb-holder: timerfd"); return 1; }
+    pthread_t backup_thread;
+    int backed = backup && start_backup(&backup_thread) == 0;
+    if (backup && !backed) fprintf(stderr, "tb-holder: one CPU only; no backup releaser\n");
     printf("ready\n");
     fflush(stdout);
     fclose(stdout);
@@ -423,8 +528,11 @@ int main(int argc, char **argv) {
     while (!stop) {
         if (reload) {
             reload = 0;
+            pthread_mutex_lock(&queues_lock);
             for (int i = 0; i < n_queues; i++) flush_counts(queues[i]);
-            if (load_spec(spec) != 0) fprintf(stderr, "tb-holder: reload failed; kept going\n");
+            int rc = load_spec(spec);
+            pthread_mutex_unlock(&queues_lock);
+            if (rc != 0) fprintf(stderr, "tb-holder: reload failed; kept going\n");
         }
         uint64_t next = release(0), change = advance_phases(now_ns());
         if (change < next) next = change;
@@ -449,6 +557,7 @@ int main(int argc, char **argv) {
             }
         }
     }
+    if (backed) pthread_join(backup_thread, NULL);
     release(1);
     while (n_queues) drop_queue(n_queues - 1);
     nfq_close(nfq);

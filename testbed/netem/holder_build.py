@@ -43,7 +43,7 @@ def _compile_c() -> tuple[Path | None, str]:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     proc = subprocess.run(
-        [cc, "-O2", "-Wall", "-o", str(tmp), str(C_SOURCE)]
+        [cc, "-O2", "-Wall", "-pthread", "-o", str(tmp), str(C_SOURCE)]
         + ["-lnetfilter_queue", "-lnfnetlink", "-lm"],
         capture_output=True,
         text=True,

@@ -15,15 +15,17 @@ namespace here, of a middlebox over SSH, and of each host of a lab impaired on i
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from testbed.errors import ImpairmentError
+from testbed.errors import BadInputError, ImpairmentError
 from testbed.lab.system import SystemRunner
 from testbed.netem.holder_build import find_holder
 
@@ -32,11 +34,13 @@ READY_TIMEOUT_S = 10.0
 RT_PRIO = 20  # SCHED_FIFO: releases on time even when agents load every CPU
 POLL_LOCAL_S, POLL_REMOTE_S = 0.005, 0.05  # how often a reply is looked for
 START_MARK = "tb-holder start"  # written to the log before each start
+FLAGS_ENV = "TESTBED_HOLDER_FLAGS"  # extra flags for every holder this process starts
+KNOWN_FLAGS = ("--no-backup",)  # the main thread releases alone (measured against the default)
 COUNTS = re.compile(
     r"^queue=(?P<queue>\d+) link=(?P<link>\S+)/(?P<direction>\S+) gen=(?P<gen>\d+) in=\d+ "
     r"out=(?P<out>\d+) "
     r"lost=\d+ full=\d+ late_us_mean=[\d.]+ late_us_max=(?P<max_us>[\d.]+) "
-    r"late_over_500us=(?P<late>\d+)$"
+    r"late_over_500us=(?P<late>\d+) by_backup=(?P<backup>\d+)$"
 )
 
 
@@ -53,6 +57,32 @@ class ReleaseCounts:
     released: int
     late_over_500us: int
     latest_ms: float
+    by_backup: int = 0  # released by the backup releaser (the main thread was late)
+
+
+def holder_flags() -> list[str]:
+    """The extra flags `FLAGS_ENV` asks for; BadInputError naming it for any other word."""
+    words = os.environ.get(FLAGS_ENV, "").split()
+    unknown = [w for w in words if w not in KNOWN_FLAGS]
+    if unknown:
+        raise BadInputError(
+            f"{FLAGS_ENV}: unknown holder flag(s) {unknown}; expected some of {list(KNOWN_FLAGS)}"
+        )
+    return words
+
+
+@contextmanager
+def flags_for_holders(flags: tuple[str, ...]) -> Iterator[None]:
+    """Holders started inside the block get `flags` (`FLAGS_ENV`)."""
+    was = os.environ.get(FLAGS_ENV)
+    os.environ[FLAGS_ENV] = " ".join(flags)
+    try:
+        yield
+    finally:
+        if was is None:
+            del os.environ[FLAGS_ENV]
+        else:
+            os.environ[FLAGS_ENV] = was
 
 
 def parse_release_counts(log: str) -> list[ReleaseCounts]:
@@ -72,6 +102,7 @@ def parse_release_counts(log: str) -> list[ReleaseCounts]:
                     int(m["out"]),
                     int(m["late"]),
                     float(m["max_us"]) / 1000,
+                    int(m["backup"]),
                 )  # fmt: skip
             )
     return out
@@ -142,7 +173,7 @@ class HolderProcess:
                 raise ImpairmentError(self._failure("reload"))
             return pid
         argv = [self.binary(), "--tag", self.tag, "--rt-prio", str(RT_PRIO),
-                "--log", str(self.changes), str(self.spec)]  # fmt: skip
+                "--log", str(self.changes), *holder_flags(), str(self.spec)]  # fmt: skip
         out, pid_file = self._q(self.out), self._q(self.pid_file)
         log = self._q(self.log)
         started = self._sh(
