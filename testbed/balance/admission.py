@@ -408,7 +408,8 @@ class AdmissionController:
             if may_wait and (found := self.earliest_start(i, m, self.now))
         ]
         if not options:
-            wait = "; no later start meets its deadline" if may_wait else ""
+            servable = any(np.isfinite(self.inst.compute[i, m - 1]) for m in modes)
+            wait = "; no later start meets its deadline" if may_wait and servable else ""
             return Decision(UNSERVED, why_not_now + wait)
         start, memory, mode, share = min(options)
         self.holds[i] = Hold(mode, share, memory, start, self._end(i))
