@@ -290,6 +290,32 @@ def test_jitter_spreads_rtt_without_reordering(clean_links: EmulatedLab) -> None
     assert min(rtts) >= 32 - 0.5 and max(rtts) <= 48 + 5.0  # within +-j each way (+ FIFO wait)
 
 
+def test_each_releaser_alone_keeps_order_and_delay_and_says_who_released(lab: EmulatedLab) -> None:
+    """The holder's two releasers, each alone: the backup (which otherwise releases only what
+    the main thread left overdue) and the main thread."""
+    import os
+
+    from testbed.netem.holder_process import flags_for_holders
+    from testbed.netem.nfqueue import release_counts
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the backup releaser needs a second CPU")
+    for flags, backup_share in ((("--backup-only",), 1.0), (("--no-backup",), 0.0)):
+        clear(lab)  # the next apply starts a holder with these flags
+        with flags_for_holders(flags):
+            apply(lab, LinkProfile(rtt_ms=40, jitter_ms=4, seed=7), ["dev1"], backend="nfqueue")
+        raw = probe_packets(lab, "dev1", count=300, interval_ms=1)
+        clear(lab)
+        assert list(raw.rtt_ms) == sorted(raw.rtt_ms) and len(raw.rtt_ms) == 300, flags
+        rtts = list(raw.rtt_ms.values())
+        # within +-j each way (+ FIFO wait, + the backup's 0.2 ms grace each way)
+        assert min(rtts) >= 32 - 0.5 and max(rtts) <= 48 + 5.0, flags
+        counts = [c for c in release_counts(lab) if c.link == "dev1"]
+        assert sorted(c.direction for c in counts) == ["down", "up"], counts
+        assert all(c.released >= 300 for c in counts)
+        assert all(c.by_backup == round(backup_share * c.released) for c in counts), counts
+
+
 def test_gilbert_elliott_loss_comes_in_bursts(clean_links: EmulatedLab) -> None:
     lab = clean_links
     ge = GilbertElliott(p=0.05, r=0.25)  # mean loss 1/6, mean burst 4 packets

@@ -23,9 +23,11 @@
  * than BACKUP_GRACE_NS overdue: on a VM the hypervisor takes one virtual CPU at a time for
  * milliseconds (steal), and the other then releases on time. Each release is one batch verdict
  * (every held packet of the queue up to the last one due), so two releasers never reorder;
- * --no-backup runs the main thread alone.
+ * --no-backup runs the main thread alone, --backup-only leaves every release to the backup
+ * (both to measure one releaser alone).
  *
- * usage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] [--log FILE] [--no-backup] SPEC
+ * usage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] [--log FILE] [--no-backup |
+ *                  --backup-only] SPEC
  * Prints "ready" on stdout once every queue is bound; on SIGTERM/SIGINT releases what it holds,
  * prints per-queue counts on stderr and exits 0. Counts are per generation: a reload first
  * prints each queue's counts under the generation it replaces, then starts them afresh.
@@ -89,6 +91,7 @@ static struct nfq_handle *nfq;
 static int64_t wake_late_ns;
 static volatile sig_atomic_t stop, reload;
 static pthread_mutex_t queues_lock = PTHREAD_MUTEX_INITIALIZER; /* queues[] changes under it */
+static int backup_only; /* --backup-only: the main thread never releases */
 static uint64_t seed;
 static FILE *change_log;
 
@@ -245,6 +248,7 @@ static void release_queue(queue_t *q, int all, uint64_t cutoff, uint64_t t, int 
  * left. */
 static uint64_t release(int all) {
     uint64_t t = now_ns(), next = UINT64_MAX;
+    if (backup_only && !all) return next;
     for (int i = 0; i < n_queues; i++) {
         queue_t *q = queues[i];
         release_queue(q, all, t, t, 1);
@@ -467,7 +471,7 @@ static void on_signal(int sig) {
 
 static int usage(const char *msg) {
     fprintf(stderr, "tb-holder: %s\nusage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] "
-                    "[--log FILE] [--no-backup] SPEC\n", msg);
+                    "[--log FILE] [--no-backup | --backup-only] SPEC\n", msg);
     return 2;
 }
 
@@ -480,10 +484,12 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--rt-prio") && i + 1 < argc) { rt_prio = atoi(argv[++i]); continue; }
         if (!strcmp(argv[i], "--log") && i + 1 < argc) { log_path = argv[++i]; continue; }
         if (!strcmp(argv[i], "--no-backup")) { backup = 0; continue; }
+        if (!strcmp(argv[i], "--backup-only")) { backup_only = 1; continue; }
         if (spec) return usage("more than one spec file");
         spec = argv[i];
     }
     if (!spec) return usage("no spec file");
+    if (backup_only && !backup) return usage("--backup-only and --no-backup exclude each other");
     prctl(PR_SET_TIMERSLACK, 1UL);
     if (rt_prio > 0) {
         struct sched_param sp = {.sched_priority = rt_prio};
@@ -519,6 +525,10 @@ int main(int argc, char **argv) {
     pthread_t backup_thread;
     int backed = backup && start_backup(&backup_thread) == 0;
     if (backup && !backed) fprintf(stderr, "tb-holder: one CPU only; no backup releaser\n");
+    if (backup_only && !backed) {
+        fprintf(stderr, "tb-holder: --backup-only needs a backup releaser (two CPUs)\n");
+        return 1;
+    }
     printf("ready\n");
     fflush(stdout);
     fclose(stdout);

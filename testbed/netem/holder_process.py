@@ -35,7 +35,8 @@ RT_PRIO = 20  # SCHED_FIFO: releases on time even when agents load every CPU
 POLL_LOCAL_S, POLL_REMOTE_S = 0.005, 0.05  # how often a reply is looked for
 START_MARK = "tb-holder start"  # written to the log before each start
 FLAGS_ENV = "TESTBED_HOLDER_FLAGS"  # extra flags for every holder this process starts
-KNOWN_FLAGS = ("--no-backup",)  # the main thread releases alone (measured against the default)
+# one releaser alone, measured against the default: the main thread, or the backup thread
+KNOWN_FLAGS = ("--no-backup", "--backup-only")
 COUNTS = re.compile(
     r"^queue=(?P<queue>\d+) link=(?P<link>\S+)/(?P<direction>\S+) gen=(?P<gen>\d+) in=\d+ "
     r"out=(?P<out>\d+) "
