@@ -43,11 +43,14 @@ def refusal_reason(
     modes: tuple[int, ...] = (AD, SD),
     setup_compute: np.ndarray | None = None,
     setup_memory: np.ndarray | None = None,
+    runs: tuple[int, ...] | None = None,
 ) -> str:
-    """Why a user with demands (AD, SD) fits in none of `modes`, naming the short resource.
+    """Why a user with demands (AD, SD) fits in none of `modes` (those it was offered; the
+    server runs `runs`, default `modes`), naming the short resource.
 
     setup_compute and setup_memory: what opening each mode would still cost (zero for a
     mode already open)."""
+    runs = modes if runs is None else runs
     setup_c = np.zeros(2) if setup_compute is None else setup_compute
     setup_m = np.zeros(2) if setup_memory is None else setup_memory
     can = [m for m in (AD, SD) if np.isfinite(compute[m - 1])]
@@ -56,8 +59,8 @@ def refusal_reason(
     usable = [m for m in can if m in modes]
     if not usable:
         names = " or ".join(MODE_NAMES[m] for m in can)
-        runs = " and ".join(MODE_NAMES[m] for m in modes)
-        return f"only {names} can make its deadline, and this server runs {runs} only"
+        ran = " and ".join(MODE_NAMES[m] for m in runs)
+        return f"only {names} can make its deadline, and this server runs {ran} only"
     best = min(usable, key=lambda m: compute[m - 1])
     col = best - 1
     if compute[col] > 1:
@@ -74,13 +77,19 @@ def refusal_reason(
         mib = 2**20
         parts.append(f"memory: needs {need_m / mib:.2f} MiB{setup}, {free_m / mib:.2f} MiB free")
     detail = "; ".join(parts) or "what is free went to other users, more of whom fit"
-    if len(modes) == 1:
+    if len(runs) == 1:
         return f"no room in {MODE_NAMES[best]}: {detail}"
     return f"no mode fits ({MODE_NAMES[best]} would be cheapest): {detail}"
 
 
-def refusals(inst: Instance, sched: Schedule, modes: tuple[int, ...] = (AD, SD)) -> dict[int, str]:
-    """Reasons for every user an offline schedule over `modes` leaves out."""
+def refusals(
+    inst: Instance,
+    sched: Schedule,
+    modes: tuple[int, ...] = (AD, SD),
+    runs: tuple[int, ...] | None = None,
+) -> dict[int, str]:
+    """Reasons for every user an offline schedule over `modes` leaves out (the server runs
+    `runs`, default `modes`)."""
     free_c = inst.compute_capacity - sched.usage.compute
     free_m = inst.memory_capacity - sched.usage.memory
     opened = [bool((sched.modes == m).any()) for m in (AD, SD)]
@@ -88,7 +97,7 @@ def refusals(inst: Instance, sched: Schedule, modes: tuple[int, ...] = (AD, SD))
     setup_m = np.where(opened, 0.0, inst.setup_memory)
     return {
         int(i): refusal_reason(
-            inst.compute[i], inst.memory[i], free_c, free_m, modes, setup_c, setup_m
+            inst.compute[i], inst.memory[i], free_c, free_m, modes, setup_c, setup_m, runs
         )
         for i in np.flatnonzero(sched.modes == UNSERVED)
     }
@@ -261,7 +270,7 @@ class AdmissionController:
         )
         opened = tuple(m for m in (AD, SD) if m in allowed or (m in shut and needy.any()))
         sched = schedule(sub, opened)
-        reasons = refusals(sub, sched, opened)
+        reasons = refusals(sub, sched, opened, tuple(sorted({*allowed, *shut})))
         decisions: dict[int, Decision] = {}
         for k, i in enumerate(users):
             mode = int(sched.modes[k])
@@ -329,9 +338,10 @@ class AdmissionController:
                     self.inst.memory[i],
                     self.inst.compute_capacity - used_c,
                     self.inst.memory_capacity - used_m,
-                    plan.allowed if len(modes) == 1 else modes,
+                    modes,
                     self.inst.setup_compute * shut,
                     self.inst.setup_memory * shut,
+                    plan.allowed,
                 )
                 decisions[i] = self._defer(i, modes, why, may_wait)
         return [decisions[int(i)] for i in users]
