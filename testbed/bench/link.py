@@ -45,9 +45,15 @@ class LinkBench:
     rtt_ms: float
     devices: int
     rows: list[Calibration] = field(default_factory=list)
-    steal_ms: float | None = None  # CPU time the hypervisor took during the run (all CPUs)
     holder: list[ReleaseCounts] = field(default_factory=list)  # its own release lateness
     steal: StealSampler | None = None  # steal sampled through the run, to tell it per profile
+
+    @property
+    def steal_ms(self) -> float | None:
+        """CPU time the hypervisor took during the run (all CPUs)."""
+        if self.steal is None or not self.steal.samples:
+            return None
+        return self.steal.between(self.steal.samples[0][0], self.steal.samples[-1][0])
 
     @property
     def holder_late(self) -> tuple[int, int, float]:
@@ -77,15 +83,16 @@ class LinkBench:
         out = []
         for name in dict.fromkeys(r.profile for r in self.rows):
             rows = [r for r in self.rows if r.profile == name]
-            missed = [r for r in rows if (r.rtt_error_p99_ms or 0.0) > GOAL_P99_MS]
+            counts = [self.holder_late_on(r) for r in rows]  # (released, late) per link
+            missed = [(r.rtt_error_p99_ms or 0.0) > GOAL_P99_MS for r in rows]
             out.append(
                 ProfileTail(
                     profile=name,
                     links=len(rows),
-                    missed=len(missed),
-                    late_all=sum(self.holder_late_on(r)[1] for r in rows),
-                    late_missed=sum(self.holder_late_on(r)[1] for r in missed),
-                    released=sum(self.holder_late_on(r)[0] for r in rows),
+                    missed=sum(missed),
+                    late_all=sum(late for _, late in counts),
+                    late_missed=sum(c[1] for c, m in zip(counts, missed, strict=True) if m),
+                    released=sum(released for released, _ in counts),
                     by_backup=sum(q.by_backup for r in rows for q in self.holder_on(r)),
                     steal_ms=self._steal_during(rows[0]),
                 )
@@ -157,12 +164,4 @@ def run_link_bench(
                     )
                 if backend == "nfqueue":  # calibrate stopped the holder: its counts are in
                     held += release_counts(site)
-    stolen = steal.between(steal.samples[0][0], steal.samples[-1][0]) if steal.samples else None
-    return LinkBench(
-        rtt_ms=rtt_ms,
-        devices=len(site.devices),
-        rows=rows,
-        steal_ms=stolen,
-        holder=held,
-        steal=steal,
-    )
+    return LinkBench(rtt_ms=rtt_ms, devices=len(site.devices), rows=rows, holder=held, steal=steal)

@@ -8,8 +8,9 @@ namespace here, of a middlebox over SSH, and of each host of a lab impaired on i
   detached (`setsid`), and is ready once it prints `ready`;
 - `pid()`: the running holder, checked by its `--tag` (not only by a pid that may be reused);
 - `stop()`: SIGTERM (it releases what it holds), then SIGKILL if it lingers;
-- `release_counts()`: per queue, what the holder released and how late its own timers let
-  it release (its log at exit, or when a reload unbinds a queue), for the holder last started.
+- `release_counts()`: per queue and spec generation, what the holder released and how late its
+  own timers let it release (its log: each reload writes the counts of the generation it
+  replaces, the stop those of the last), for the holder last started.
 """
 
 from __future__ import annotations
@@ -219,8 +220,9 @@ class HolderProcess:
         self._sh(f"rm -f {self._q(self.pid_file)}")
 
     def release_counts(self) -> list[ReleaseCounts]:
-        """Per queue, what the holder last started released and how late (written when it
-        stopped, or when a reload unbound the queue); empty while it runs."""
+        """Per queue and generation, what the holder last started released and how late
+        (written at each reload for the generation it replaces, and when it stopped); the
+        running generation's counts are not there yet."""
         return parse_release_counts(self._read(self.log))
 
     def link_changes(self) -> list[dict[str, Any]]:
