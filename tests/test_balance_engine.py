@@ -98,7 +98,7 @@ def test_kv_accounting_matches_the_growth_of_resident_memory(tiny_pair, tmp_path
         draft_len=4,
         acceptance=0.8,
         round_tokens=[0.2, 0.2, 0.2, 0.2, 0.2],
-        verify_workspace_bytes=0,
+        logits_row_bytes=4,
     )
     check = check_memory(cost, tiny_pair.draft_hf, tiny_pair.target_hf, users=48, tokens=200)
     assert 0.95 <= check.ratio <= 1.25

@@ -157,6 +157,12 @@ def test_console_and_condition_table_carry_task_throughput(balance_run):
     assert sum("task throughput" in line for line in lines) == 3
     table = pd.read_parquet(outcome.store.root / "conditions.parquet")
     assert table["task_throughput"].notna().all() and (table["task_throughput"] > 0).all()
+    # users in time over the workload's span, which is the same under every policy
+    spans = {e["metrics"]["span_s"] for e in entries.values()}
+    assert len(spans) == 1
+    for e in entries.values():
+        m = e["metrics"]
+        assert m["task_throughput"] == pytest.approx(m["served_in_time"] / m["span_s"])
 
 
 def test_lab_is_gone_after_the_run(balance_run):

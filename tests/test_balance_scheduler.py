@@ -369,3 +369,18 @@ def test_the_most_urgent_of_equally_priced_arrivals_is_admitted_first():
     relaxed, urgent = ctl.offer_priced(np.arange(2), SLACK_PLAN, ctl.timing.deadline, now=0.05)
     assert urgent.mode == SD and not urgent.waits
     assert relaxed.mode in (AD, SD) and relaxed.waits
+
+
+def test_a_user_offered_a_start_after_its_window_passed_is_told_it_came_too_late():
+    ctl = waiting_lab([0.1], arrival=[0.0], deadline=[0.5])
+    # its window is 0.4 s and its first period of waiting is in its margin: offered a start
+    # at 0.47 s, it is 0.42 s late, and no time is left for its 10 tokens
+    (late,) = ctl.offer_batch(np.array([0]), (AD,), now=0.47, may_wait=True)
+    assert late.mode == UNSERVED
+    assert late.reason.startswith("offered a start 470 ms after it arrived: too late for AD")
+    on_time = waiting_lab([0.1], arrival=[0.0], deadline=[0.5])
+    (served,) = on_time.offer_batch(np.array([0]), (AD,), now=0.05, may_wait=True)
+    assert served.admitted and not served.waits
+    plan_late = waiting_lab([0.1], arrival=[0.0], deadline=[0.5])
+    (priced,) = plan_late.offer_priced(np.array([0]), SLACK_PLAN, np.array([0.5]), now=0.47)
+    assert priced.mode == UNSERVED and "too late for AD or SD" in priced.reason

@@ -15,7 +15,12 @@ from testbed.balance.problem import (
     servable_alone,
     user_demands,
 )
-from testbed.balance.simulator import SimulatedExecutor, random_workload, simulate
+from testbed.balance.simulator import (
+    SimulatedExecutor,
+    random_workload,
+    simulate,
+    workload_span_s,
+)
 from testbed.errors import BadInputError
 
 COST = CostModel(
@@ -32,7 +37,7 @@ COST = CostModel(
     draft_len=4,
     acceptance=0.85,
     round_tokens=[0.15, 0.11, 0.09, 0.08, 0.57],
-    verify_workspace_bytes=544_000,
+    logits_row_bytes=1_700,
 )
 SERVICE = default_service(COST)
 
@@ -104,6 +109,21 @@ def test_a_user_moved_between_modes_gets_exactly_its_tokens_and_one_prefill():
     assert 0 not in ex.left  # stopped; prefill ran once (start() only on a new user)
 
 
+def test_work_at_the_top_of_a_period_counts_inside_it():
+    users = Users(np.array([20]), np.array([30]), np.array([100.0]))
+    ex = SimulatedExecutor(COST, users, np.random.default_rng(1))
+    loop = HybridLoop(ex, {AD: 200.0, SD: 100.0}, period_s=0.05)
+    loop.add(0, AD, pace=10.0)
+    ex.wait_until(1.0)
+    top = ex.clock()
+    ex.wait_until(1.02)  # 20 ms of admission and planning
+    loop.run_period(top)
+    assert ex.clock() == pytest.approx(1.05)  # the next period starts on time
+    ex.wait_until(1.07)
+    loop.run_period()  # not told when it began: the period starts now
+    assert ex.clock() == pytest.approx(1.12)
+
+
 def test_user_demands_refuse_a_pace_the_mode_cannot_step_at():
     users = Users(np.array([10, 10]), np.array([40, 40]), np.array([0.06, 10.0]))
     d = user_demands(COST, users, SERVICE)
@@ -165,15 +185,32 @@ def test_a_user_is_servable_alone_only_if_some_mode_meets_its_pace_and_memory():
         False,
         False,
     ]
-    # 300 kB beside the target's weights: SD's weights and workspace do not fit, AD does
+    # 300 kB beside the target's weights: SD's weights do not fit, AD does
     tight = make_instance(COST, users, COST.target.weights_bytes + 3e5, SERVICE)
     assert tight.setup_memory[1] > tight.memory_capacity >= tight.memory[0, 0]
     assert servable_alone(tight).tolist() == [True, False, False]
 
 
-def test_instance_pays_the_small_models_weights_only_for_sd():
+def test_instance_pays_the_small_models_weights_only_for_sd_and_logits_per_user():
     users = Users(np.array([10]), np.array([10]), np.array([5.0]))
     inst = make_instance(COST, users, 1e7, SERVICE)
     assert inst.setup_memory[0] == 0
-    assert inst.setup_memory[1] == COST.draft.weights_bytes + COST.verify_workspace_bytes
+    assert inst.setup_memory[1] == COST.draft.weights_bytes
+    # a user holds its KV cache and its rows of the step's logits: one position in AD; in SD
+    # the draft_len + 1 verified and the last draft forward's
+    assert inst.memory[0, 0] == 3072 * 20 + 1_700
+    assert inst.memory[0, 1] == (3072 + 512) * (20 + 4) + 6 * 1_700
     assert inst.memory_capacity == 1e7 - COST.target.weights_bytes
+
+
+def test_task_throughput_is_users_in_time_over_the_span_every_policy_shares():
+    work = random_workload(np.random.default_rng(3), 60, 40.0)
+    span = workload_span_s(work.arrival, work.users.deadline)
+    assert span == pytest.approx(max(work.arrival + work.users.deadline) - min(work.arrival))
+    results = [simulate(COST, work, 8e6, SERVICE, p) for p in ("ad-only", "sd-only", "hybrid")]
+    for r in results:
+        assert r.span_s == span and r.makespan_s > 0
+        assert r.task_throughput == pytest.approx(r.served_in_time / span)
+    # more users in time is more throughput, whenever each policy's last user finished
+    by_count = sorted(results, key=lambda r: r.served_in_time)
+    assert [r.task_throughput for r in by_count] == sorted(r.task_throughput for r in by_count)

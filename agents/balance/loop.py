@@ -73,9 +73,14 @@ class HybridLoop:
         if m.mode != mode:
             m.mode, m.ready = mode, False
 
-    def run_period(self) -> dict[int, float]:
-        """Run one period; return {uid: finish time} of the users that finished in it."""
-        start = self.executor.clock()
+    def run_period(self, start: float | None = None) -> dict[int, float]:
+        """Run one period; return {uid: finish time} of the users that finished in it.
+
+        `start`: when the period began (default now). A caller that admits and plans at the
+        top of each period passes the time it began, so that work is part of the period
+        rather than added to it: the next period, and the arrivals it admits, come on time.
+        """
+        start = self.executor.clock() if start is None else start
         horizon = start + self.period_s
         finished: dict[int, float] = {}
         # steps are owed for the time that really passed (a period that overran owes more)

@@ -278,10 +278,11 @@ class AdmissionController:
                 decisions[k] = Decision(mode, f"admitted in {MODE_NAMES[mode]}")
         for k, i in enumerate(users):
             if k not in decisions:
-                why = reasons.get(
+                modes = opened if needy[k] else allowed
+                why = self._too_late(int(i), modes) or reasons.get(
                     k, "what the scheduler found for it is promised to a waiting user"
                 )
-                decisions[k] = self._defer(int(i), opened if needy[k] else allowed, why, may_wait)
+                decisions[k] = self._defer(int(i), modes, why, may_wait)
         return [decisions[k] for k in range(len(users))]
 
     def offer_priced(
@@ -333,7 +334,7 @@ class AdmissionController:
             else:
                 used_c, used_m, open_modes = self._committed(now)
                 shut = np.array([m not in open_modes for m in (AD, SD)])
-                why = refusal_reason(
+                why = self._too_late(i, modes) or refusal_reason(
                     self.inst.compute[i],
                     self.inst.memory[i],
                     self.inst.compute_capacity - used_c,
@@ -428,6 +429,22 @@ class AdmissionController:
             f"admitted in {MODE_NAMES[mode]}, starting in {start - self.now:.2f} s "
             f"when held resources free up (now: {why_not_now})",
             waits=True,
+        )
+
+    def _too_late(self, i: int, modes: tuple[int, ...]) -> str | None:
+        """Why user i cannot start now, if it is that it is offered a start too late: the
+        modes that could serve it on arrival no longer step fast enough for its tokens in
+        the time left (the period it arrived in ran late). None otherwise."""
+        if self.timing is None:
+            return None
+        could = [m for m in modes if np.isfinite(self.inst.compute[i, m - 1])]
+        if not could or any(self.timing.slowdown(i, m, self.now) is not None for m in could):
+            return None
+        since = self.now - float(self.timing.arrival[i])
+        names = " or ".join(MODE_NAMES[m] for m in could)
+        return (
+            f"offered a start {since * 1000:.0f} ms after it arrived: too late for "
+            f"{names} to step fast enough for its tokens before its deadline"
         )
 
     def _end(self, i: int) -> float:

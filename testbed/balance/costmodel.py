@@ -65,7 +65,7 @@ class CostModel(BaseModel):
     draft_len: int = Field(ge=1)
     acceptance: float = Field(ge=0, lt=1)  # per-position acceptance probability a (MLE)
     round_tokens: list[float]  # probability that an SD round yields 1, 2, ..., g+1 tokens
-    verify_workspace_bytes: int = Field(ge=0)  # logits and scratch of one verification batch
+    logits_row_bytes: int = Field(gt=0)  # one position's logits (float32 x vocabulary)
     host: str = ""
     points: dict[str, list[tuple[int, float]]] = {}  # the measurements the fits came from
 
@@ -110,6 +110,17 @@ class CostModel(BaseModel):
             return self.target.kv_bytes_per_token * tokens
         per_token = self.target.kv_bytes_per_token + self.draft.kv_bytes_per_token
         return per_token * (tokens + self.draft_len)
+
+    def workspace_bytes(self, mode: int) -> float:
+        """The logits one user's rows take in a step of its mode: one position in an AD step;
+        in an SD round the verification's draft_len + 1 positions, and the last draft
+        forward's one, still held while the target verifies."""
+        rows = 1 if mode == AD else self.draft_len + 2
+        return float(rows * self.logits_row_bytes)
+
+    def user_bytes(self, mode: int, tokens: int | float) -> float:
+        """What serving one user holds: its KV cache and its share of the step's logits."""
+        return self.kv_bytes(mode, tokens) + self.workspace_bytes(mode)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,9 +2,9 @@
 
 Each user i has, per mode m in (AD, SD), a compute demand u[i, m] (the fraction of the
 server's time it needs to finish by its deadline: its server work over its deadline) and a
-memory demand w[i, m] (bytes of KV cache). A mode that serves anyone also pays a setup:
-setup_compute[m] and setup_memory[m] (the small model's weights and the verification
-workspace for SD). The large model's weights are always resident and are taken out of the
+memory demand w[i, m] (bytes of KV cache, and its rows of the step's logits). A mode that
+serves anyone also pays a setup: setup_compute[m] and setup_memory[m] (the small model's
+weights for SD). The large model's weights are always resident and are taken out of the
 memory capacity before it reaches an `Instance`.
 """
 
@@ -99,7 +99,7 @@ def user_demands(cost: CostModel, users: Users, service: Service) -> Demands:
         work = prefill + step.per_seq_s * users.output / per_step
         ok = pace <= service.rate(mode) * per_step
         share = np.where(ok, work / np.maximum(d_eff, 1e-12), np.inf)
-        memory = cost.kv_bytes(mode, (users.prompt + users.output).astype(float))
+        memory = cost.user_bytes(mode, (users.prompt + users.output).astype(float))
         cols.append((share, memory, pace, d_eff))
     ad, sd = cols
     return Demands(*(np.stack([ad[k], sd[k]], axis=1) for k in range(4)))
@@ -168,7 +168,7 @@ def make_instance(
         compute_capacity=1.0,
         memory_capacity=memory_budget - cost.target.weights_bytes,
         setup_compute=np.array([_setup_share(cost, service, m) for m in (AD, SD)]),
-        setup_memory=np.array([0.0, float(cost.draft.weights_bytes + cost.verify_workspace_bytes)]),
+        setup_memory=np.array([0.0, float(cost.draft.weights_bytes)]),
     )
 
 

@@ -140,7 +140,6 @@ def measure_cost_model(
     batches: Sequence[int] = (1, 2, 4, 8, 16),
     repeats: int = 15,
     acceptance_prompts: int = 20,
-    max_batch: int = 64,
     threads: int = 1,
     device: str = "cpu",
     idle_s: float = 0.05,
@@ -190,7 +189,6 @@ def measure_cost_model(
         for name, engine in (("target", target), ("draft", draft))
     )
     sd = run_sd_bench(draft, target, prompts, draft_len, max_new=48)
-    workspace = max_batch * (draft_len + 1) * target.vocab_size * 4  # float32 logits
     return CostModel(
         target=target_cost,
         draft=draft_cost,
@@ -203,7 +201,7 @@ def measure_cost_model(
         draft_len=draft_len,
         acceptance=min(sd.alpha, 0.999),
         round_tokens=round_tokens(sd.round_token_counts),
-        verify_workspace_bytes=workspace,
+        logits_row_bytes=target.vocab_size * 4,  # float32
         host=f"{platform.node()} {platform.machine()} {device} threads={threads}",
         points=points,
     )

@@ -49,7 +49,8 @@ SUMMARY_NOTES = {  # column header -> its note, printed when the table shows tha
     "=target: share of ALL answers equal to the target's own greedy answer.",
     "in time": "BALANCE (mode balance): in time: users finished within their deadline; "
     "ceiling: users some mode could serve in time alone on the server, which no policy "
-    "exceeds; tasks/s: those per second of the run, measured and simulated (mean of 10 simulated "
+    "exceeds; tasks/s: those per second of the workload's span (first arrival to last "
+    "deadline, the same for every policy), measured and simulated (mean of 10 simulated "
     "runs); peak MiB: most memory the "
     "server's caches and models held; sim err: mean |predicted / measured - 1| of the users' "
     "completion times.",

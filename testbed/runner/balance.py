@@ -28,7 +28,7 @@ from agents.spec.decoding import generate_ad
 from agents.workloads.arithmetic import heldout_problems, prompt
 from testbed.balance.costmodel import CostModel, load_cost_model
 from testbed.balance.problem import Users, default_service, make_instance, servable_alone
-from testbed.balance.simulator import SimResult, Workload, simulate
+from testbed.balance.simulator import SimResult, Workload, simulate, workload_span_s
 from testbed.config.playbook import BalanceSection, Condition, Playbook
 from testbed.errors import BadInputError
 from testbed.hosts.inventory import InventoryHost
@@ -216,7 +216,8 @@ def condition_metrics(
     both = served.dropna(subset=["completion_s", "predicted_completion_s"])
     error = both["predicted_completion_s"] / both["completion_s"] - 1
     in_time = int(users["met"].fillna(False).astype(bool).sum())
-    throughput = in_time / summary["makespan_s"] if summary["makespan_s"] else 0.0
+    span = workload_span_s(users["arrival_s"].to_numpy(), users["deadline_s"].to_numpy())
+    throughput = in_time / span if span else 0.0
     predicted_throughput = float(np.mean([p.task_throughput for p in predicted]))
     budget = b.memory_mib * MIB
     peak = max(summary["peak_reserved_bytes"], summary["peak_held_bytes"])
@@ -231,6 +232,7 @@ def condition_metrics(
         "servable_alone": ceiling,
         "late": len(served) - in_time,
         "makespan_s": summary["makespan_s"],
+        "span_s": span,
         "task_throughput": throughput,
         "outputs_equal_target": int(served["matches_target"].fillna(False).sum()),
         "memory_budget_mib": b.memory_mib,

@@ -5,7 +5,8 @@ admission control and the hybrid engine loop (`testbed.balance.simulator.serve`)
 engines (`agents.balance.engine.EngineExecutor`, PyTorch, greedy), on the wall clock, and
 writes per user its mode, completion and output tokens, and a summary with the peak memory:
 reserved by admission, and held by the engine (the tokens really in each model's cache times
-the model's KV bytes per token, plus the weights and workspace resident at that moment), and
+the model's KV bytes per token, each user's rows of its step's logits, and the weights
+resident at that moment), and
 the process's peak RSS before the first user and at the end (its growth includes activations
 and logits as well as the caches).
 
@@ -37,25 +38,32 @@ class MeasuredExecutor(EngineExecutor):
         super().__init__(target, draft, cost.draft_len)
         self.cost = cost
         self.peak_held_bytes = float(cost.target.weights_bytes)
+        self.serving: dict[int, int] = {}  # uid: mode, of the users started and not stopped
 
     def held_bytes(self) -> float:
-        """Weights resident now (the draft's and the workspace while any user drafts) and the
-        KV bytes of the tokens each model's caches hold now."""
+        """Weights resident now (the draft's while any user drafts), the KV bytes of the
+        tokens each model's caches hold now, and each user's rows of its mode's step logits."""
         t_tokens, d_tokens = self.kv_tokens()
         c = self.cost
         held = c.target.weights_bytes + t_tokens * c.target.kv_bytes_per_token
         if any(u.draft is not None for u in self.users.values()):
-            held += c.draft.weights_bytes + c.verify_workspace_bytes
+            held += c.draft.weights_bytes
+        held += sum(c.workspace_bytes(mode) for mode in self.serving.values())
         return held + d_tokens * c.draft.kv_bytes_per_token
 
     def start(self, uid: int, mode: int) -> None:
         super().start(uid, mode)
+        self.serving[uid] = mode
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes())
 
     def step(self, mode: int, uids: list[int]) -> tuple[dict[int, int], set[int]]:
         out = super().step(mode, uids)
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes())
         return out
+
+    def stop(self, uid: int) -> None:
+        super().stop(uid)
+        self.serving.pop(uid, None)
 
 
 def _peak_rss_bytes() -> int:
