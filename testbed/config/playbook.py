@@ -172,7 +172,7 @@ class BalanceSection(Strict):
     users: int = Field(20, ge=1, le=1000, description="users (arithmetic problems) arriving")
     rate_per_s: float = Field(10.0, gt=0, description="Poisson arrivals per second")
     memory_mib: float = Field(
-        8.0, gt=0, description="server memory budget: weights, KV caches, verify workspace"
+        8.0, gt=0, description="server memory budget: weights, KV caches, the steps' logits"
     )
     deadline_base_s: float = Field(0.2, ge=0, description="every user's deadline starts here")
     deadline_per_token_s: tuple[float, float] = Field(

@@ -6,9 +6,8 @@ engines (`agents.balance.engine.EngineExecutor`, PyTorch, greedy), on the wall c
 writes per user its mode, completion and output tokens, and a summary with the peak memory:
 reserved by admission, and held by the engine (the tokens really in each model's cache times
 the model's KV bytes per token, each user's rows of its step's logits, and the weights
-resident at that moment), and
-the process's peak RSS before the first user and at the end (its growth includes activations
-and logits as well as the caches).
+resident at that moment), and the process's peak RSS before the first user and at the end
+(its growth includes activations and logits as well as the caches).
 
 It lives in `testbed/` because the scheduler does (`agents/` imports nothing from `testbed/`).
 """
