@@ -90,9 +90,13 @@ def test_every_served_user_gets_the_target_greedy_output(balance_run):
 
 
 def test_policies_use_only_their_modes(balance_run):
-    _, entries, _ = balance_run
+    outcome, entries, _ = balance_run
     assert entries["ad-only"]["metrics"]["sd_users"] == 0
     assert entries["sd-only"]["metrics"]["ad_users"] == 0
+    for e in entries.values():  # only the hybrid moves a lagging SD user to AD
+        moved = users_of(outcome, e)["admission"].str.contains("moved to AD").sum()
+        assert e["metrics"]["moved_to_ad"] == moved
+        assert moved == 0 or e["values"]["balance.policy"] == "hybrid"
     for e in entries.values():
         m = e["metrics"]
         assert m["ad_users"] + m["sd_users"] + m["refused"] == m["users"] == 14
@@ -124,6 +128,8 @@ def test_memory_never_exceeds_the_budget(balance_run):
         assert m["memory_budget_mib"] == BUDGET_MIB
         assert m["peak_held_mib"] <= BUDGET_MIB and m["peak_reserved_mib"] <= BUDGET_MIB
         assert m["memory_within_budget"] is True
+        assert m["loop_behind_max_ms"] >= 0  # how late the server's periods started
+        assert m["steal_ms"] is None or m["steal_ms"] >= 0
     # SD holds both models' weights and caches: its peak is above AD-only's
     assert (
         entries["sd-only"]["metrics"]["peak_held_mib"]

@@ -7,14 +7,17 @@ import pytest
 
 from agents.balance.loop import HybridLoop
 from agents.balance.modes import AD, SD, UNSERVED
+from testbed.balance.admission import AdmissionController
 from testbed.balance.costmodel import CostModel, LoopStep, ModelCost, StepCost, load_cost_model
 from testbed.balance.problem import (
     Users,
     default_service,
     make_instance,
     servable_alone,
+    timing_of,
     user_demands,
 )
+from testbed.balance.rescue import move_lagging_sd_users
 from testbed.balance.simulator import (
     SimulatedExecutor,
     random_workload,
@@ -119,9 +122,11 @@ def test_work_at_the_top_of_a_period_counts_inside_it():
     ex.wait_until(1.02)  # 20 ms of admission and planning
     loop.run_period(top)
     assert ex.clock() == pytest.approx(1.05)  # the next period starts on time
+    assert loop.most_behind_s == 0.0
     ex.wait_until(1.07)
     loop.run_period()  # not told when it began: the period starts now
     assert ex.clock() == pytest.approx(1.12)
+    assert loop.most_behind_s == pytest.approx(0.02)  # it started 20 ms after it was due
 
 
 def test_user_demands_refuse_a_pace_the_mode_cannot_step_at():
@@ -214,3 +219,39 @@ def test_task_throughput_is_users_in_time_over_the_span_every_policy_shares():
     # more users in time is more throughput, whenever each policy's last user finished
     by_count = sorted(results, key=lambda r: r.served_in_time)
     assert [r.task_throughput for r in by_count] == sorted(r.task_throughput for r in by_count)
+
+
+def poor_draft_lab(ad_user: bool):
+    """User 1 in SD on an executor whose draft gets none of its tokens right, while admission
+    budgets the profile's 3.81 tokens a round; with ad_user, user 0 is served in AD beside it."""
+    poor = COST.model_copy(update={"round_tokens": [1.0, 0, 0, 0, 0]})
+    users = Users(np.array([20, 20]), np.array([30, 30]), np.array([5.0, 0.6]))
+    arrival = np.zeros(2)
+    demands = user_demands(COST, users, SERVICE)
+    inst = make_instance(COST, users, 1e7, SERVICE, demands)
+    admission = AdmissionController(inst, timing_of(COST, users, arrival, SERVICE, demands))
+    executor = SimulatedExecutor(poor, users, np.random.default_rng(0))
+    loop = HybridLoop(executor, {AD: SERVICE.ad_steps_per_s, SD: SERVICE.sd_rounds_per_s})
+    for uid, mode in ((0, AD), (1, SD))[0 if ad_user else 1 :]:
+        (decision,) = admission.offer_batch(np.array([uid]), (mode,), now=0.0)
+        assert decision.mode == mode
+        loop.add(uid, mode, float(demands.pace[uid, mode - 1]), since=0.0)
+    finish, why = {}, {}
+    while 1 in loop.members:
+        now = executor.clock()
+        finish.update(loop.run_period(now))
+        why.update(
+            move_lagging_sd_users(loop, admission, COST, users, arrival, SERVICE, executor.clock())
+        )
+    return finish[1], why
+
+
+def test_an_sd_user_whose_rounds_yield_too_little_moves_to_ad_and_makes_its_deadline():
+    finish, why = poor_draft_lab(ad_user=True)
+    assert finish <= 0.6
+    assert list(why) == [1] and "yielded 1.00 tokens each" in why[1]
+
+
+def test_a_lagging_sd_user_does_not_open_ad_for_itself():
+    finish, why = poor_draft_lab(ad_user=False)
+    assert why == {} and finish > 0.6  # AD's setup would come out of everyone else's share

@@ -46,6 +46,8 @@ class Member:
     since: float  # when its pace started
     delivered: int = 0
     ready: bool = False  # caches prepared for its current mode
+    steps: int = 0  # steps of its current mode it has been in
+    delivered_in_mode: int = 0  # tokens those steps gave it
 
     def due(self, until: float) -> bool:
         return self.delivered < self.pace * (until - self.since)
@@ -62,6 +64,7 @@ class HybridLoop:
     busy_s: dict[int, float] = field(default_factory=lambda: {AD: 0.0, SD: 0.0})
     steps: dict[int, int] = field(default_factory=lambda: {AD: 0, SD: 0})
     last: float | None = None  # when the previous period started
+    most_behind_s: float = 0.0  # the most a period started after the previous one was due to end
 
     def add(self, uid: int, mode: int, pace: float, since: float | None = None) -> None:
         """Serve uid in mode at pace tokens/s, counted from since (its arrival; default now)."""
@@ -71,7 +74,7 @@ class HybridLoop:
         """Serve uid in the other mode from its next step on (its tokens are kept)."""
         m = self.members[uid]
         if m.mode != mode:
-            m.mode, m.ready = mode, False
+            m.mode, m.ready, m.steps, m.delivered_in_mode = mode, False, 0, 0
 
     def run_period(self, start: float | None = None) -> dict[int, float]:
         """Run one period; return {uid: finish time} of the users that finished in it.
@@ -85,6 +88,7 @@ class HybridLoop:
         finished: dict[int, float] = {}
         # steps are owed for the time that really passed (a period that overran owes more)
         elapsed = self.period_s if self.last is None else start - self.last
+        self.most_behind_s = max(self.most_behind_s, elapsed - self.period_s)
         elapsed = min(max(elapsed, self.period_s), 4 * self.period_s)
         self.last = start
         for mode in (AD, SD):
@@ -106,8 +110,11 @@ class HybridLoop:
                 got, done = self.executor.step(mode, uids)
                 self.busy_s[mode] += self.executor.clock() - t0
                 self.steps[mode] += 1
+                for u in uids:
+                    self.members[u].steps += 1
                 for u, n in got.items():
                     self.members[u].delivered += n
+                    self.members[u].delivered_in_mode += n
                 for u in done:
                     finished[u] = self.executor.clock()
                     self.executor.stop(u)

@@ -226,6 +226,11 @@ class AdmissionController:
         return {m: started.count(m) for m in (AD, SD)}
 
     @property
+    def open_modes(self) -> set[int]:
+        """The modes some started user is served in (their setups are paid)."""
+        return {h.mode for h in self._started()}
+
+    @property
     def free_compute(self) -> float:
         """Compute share the started users leave (the engine's use, setups included)."""
         return self.inst.compute_capacity - self._usage(self._started())[0]
@@ -373,6 +378,19 @@ class AdmissionController:
     def waiting(self) -> bool:
         """Whether some admitted user has not started yet."""
         return any(not h.started for h in self.holds.values())
+
+    def move(self, uid: int, mode: int, share: float, now: float) -> bool:
+        """Move started user uid to mode, holding `share` of the compute (what the rest of its
+        work needs) and the mode's memory until its deadline, if that fits beside every other
+        hold (the mode's setup included when it is shut); otherwise leave it as it is."""
+        self.now = now
+        hold = self.holds.pop(uid)
+        memory = float(self.inst.memory[uid, mode - 1])
+        if self._fits_from(mode, share, memory, now, hold.end):
+            self.holds[uid] = Hold(mode, share, memory, hold.start, hold.end, True)
+            return True
+        self.holds[uid] = hold
+        return False
 
     def release(self, uid: int) -> None:
         """Give back what user uid held (it finished, or left before it started)."""

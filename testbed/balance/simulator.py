@@ -29,6 +29,7 @@ from testbed.balance.problem import (
     timing_of,
     user_demands,
 )
+from testbed.balance.rescue import move_lagging_sd_users
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class SimResult:
     span_s: float  # the workload's span (`workload_span_s`), the same under every policy
     peak_memory_bytes: float  # weights and reserved KV, at most the budget
     reason: tuple[str, ...] = ()  # per user: admission's decision (why refused, or how admitted)
+    most_behind_s: float = 0.0  # the most a loop period started late (a stalled server)
 
     @property
     def served_in_time(self) -> int:
@@ -217,8 +219,16 @@ def serve(
         for uid, t in loop.run_period(now).items():
             finish[uid] = t
             admission.release(uid)
+        if policy == "hybrid":
+            for uid, why in move_lagging_sd_users(
+                loop, admission, cost, users, work.arrival, service, executor.clock()
+            ).items():
+                mode[uid] = AD
+                reason[uid] += f"; {why}"
     met = finish <= work.arrival + users.deadline
     start = float(work.arrival.min()) if n else 0.0
     end = float(np.nanmax(finish)) if np.isfinite(finish).any() else start
     span = workload_span_s(work.arrival, users.deadline)
-    return SimResult(n, mode, finish, met, end - start, span, peak, tuple(reason))
+    return SimResult(
+        n, mode, finish, met, end - start, span, peak, tuple(reason), loop.most_behind_s
+    )

@@ -228,10 +228,13 @@ def condition_metrics(
         "refused": len(users) - len(served),
         "ad_users": int((served["mode"] == "AD").sum()),
         "sd_users": int((served["mode"] == "SD").sum()),
+        "moved_to_ad": int(served["admission"].str.contains("moved to AD").sum()),
         "served_in_time": in_time,
         "servable_alone": ceiling,
         "late": len(served) - in_time,
         "makespan_s": summary["makespan_s"],
+        "loop_behind_max_ms": summary["most_behind_s"] * 1000,
+        "steal_ms": summary["steal_ms"],
         "span_s": span,
         "task_throughput": throughput,
         "outputs_equal_target": int(served["matches_target"].fillna(False).sum()),
@@ -257,12 +260,15 @@ def describe(cid: str, b: BalanceSection, m: dict[str, Any]) -> str:
     err = m["completion_error_mean_abs"]
     return (
         f"{cid}: {b.policy} {m['users']} users {b.memory_mib:g} MiB: {m['served_in_time']} in "
-        f"time of {m['servable_alone']} that a mode could serve alone ({m['ad_users']} AD, "
-        f"{m['sd_users']} SD, {m['refused']} refused, {m['late']} late)"
+        f"time of {m['servable_alone']} that a mode could serve alone ({m['ad_users']} AD "
+        f"({m['moved_to_ad']} moved from SD), {m['sd_users']} SD, {m['refused']} refused, "
+        f"{m['late']} late)"
         f", task throughput {m['task_throughput']:.2f}/s (simulated "
         f"{m['predicted_task_throughput']:.2f}/s), peak memory {m['peak_held_mib']:.2f} held / "
         f"{m['peak_reserved_mib']:.2f} reserved of {b.memory_mib:g} MiB, completion-time error "
         + ("-" if err is None else f"{err:.0%}")
+        + f"; the loop's periods started up to {m['loop_behind_max_ms']:.0f} ms late"
+        + ("" if m["steal_ms"] is None else f" (steal {m['steal_ms']:.0f} ms)")
     )
 
 

@@ -28,6 +28,7 @@ from agents.records import RecordWriter, read_records
 from testbed.balance.costmodel import CostModel, load_cost_model
 from testbed.balance.problem import Users, default_service
 from testbed.balance.simulator import Workload, serve
+from testbed.metrics.steal import steal_ms
 
 
 class MeasuredExecutor(EngineExecutor):
@@ -102,9 +103,11 @@ def main(argv: list[str] | None = None) -> None:
     offset = executor.clock()  # arrivals count from here
     arrival = np.array([r["arrival_s"] for r in rows]) + offset
     service = default_service(cost, args.fixed_share, args.period_s)
+    steal_before = steal_ms()
     result = serve(
         cost, Workload(users, arrival), args.memory_bytes, service, executor, args.policy
     )
+    steal_after = steal_ms()
     with RecordWriter(args.records) as out:
         for uid, r in enumerate(rows):
             finished = bool(np.isfinite(result.finish[uid]))
@@ -130,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         "rss_loaded_bytes": rss_loaded,
         "ad_steps_per_s": service.ad_steps_per_s,
         "sd_rounds_per_s": service.sd_rounds_per_s,
+        "most_behind_s": result.most_behind_s,
+        "steal_ms": None if None in (steal_before, steal_after) else steal_after - steal_before,
     }
     Path(args.records, "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
