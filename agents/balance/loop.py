@@ -46,7 +46,7 @@ class Member:
     since: float  # when its pace started
     delivered: int = 0
     ready: bool = False  # caches prepared for its current mode
-    steps: int = 0  # steps of its current mode it has been in
+    steps_in_mode: int = 0  # steps of its current mode it has been in
     delivered_in_mode: int = 0  # tokens those steps gave it
 
     def due(self, until: float) -> bool:
@@ -74,7 +74,7 @@ class HybridLoop:
         """Serve uid in the other mode from its next step on (its tokens are kept)."""
         m = self.members[uid]
         if m.mode != mode:
-            m.mode, m.ready, m.steps, m.delivered_in_mode = mode, False, 0, 0
+            m.mode, m.ready, m.steps_in_mode, m.delivered_in_mode = mode, False, 0, 0
 
     def run_period(self, start: float | None = None) -> dict[int, float]:
         """Run one period; return {uid: finish time} of the users that finished in it.
@@ -111,7 +111,7 @@ class HybridLoop:
                 self.busy_s[mode] += self.executor.clock() - t0
                 self.steps[mode] += 1
                 for u in uids:
-                    self.members[u].steps += 1
+                    self.members[u].steps_in_mode += 1
                 for u, n in got.items():
                     self.members[u].delivered += n
                     self.members[u].delivered_in_mode += n

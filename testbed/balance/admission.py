@@ -222,13 +222,8 @@ class AdmissionController:
     @property
     def members(self) -> dict[int, int]:
         """Started users per mode."""
-        started = [h.mode for h in self.holds.values() if h.started]
+        started = [h.mode for h in self._started()]
         return {m: started.count(m) for m in (AD, SD)}
-
-    @property
-    def open_modes(self) -> set[int]:
-        """The modes some started user is served in (their setups are paid)."""
-        return {h.mode for h in self._started()}
 
     @property
     def free_compute(self) -> float:

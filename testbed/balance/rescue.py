@@ -33,17 +33,17 @@ def move_lagging_sd_users(
     """Move to AD the SD users whose own rounds show they cannot finish in SD by their
     deadline but AD can, where AD's work fits; return {uid: why it moved}."""
     moved: dict[int, str] = {}
-    if AD not in admission.open_modes:
+    if not admission.members[AD]:
         return moved  # opening AD for one user takes its whole setup from everyone else
     for uid, m in list(loop.members.items()):
-        if m.mode != SD or m.steps < MIN_ROUNDS:
+        if m.mode != SD or m.steps_in_mode < MIN_ROUNDS:
             continue
         need = int(users.output[uid]) - m.delivered
         since = now - float(arrival[uid])
         left = float(users.deadline[uid]) - since - service.period_s  # last step: a period late
         if need <= 0 or left <= 0:
             continue
-        per_round = m.delivered_in_mode / m.steps
+        per_round = m.delivered_in_mode / m.steps_in_mode
         if need <= per_round * service.sd_rounds_per_s * left:
             continue  # SD still makes it at this user's own yield
         if need > top_pace(cost, service, AD) * left:
