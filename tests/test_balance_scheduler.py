@@ -225,20 +225,36 @@ def window_instance(n: int, memory_each: float, setup_compute: float) -> Instanc
     )
 
 
-def test_plan_opens_both_modes_when_both_setups_fit_and_one_when_they_do_not():
+def split_instance(setup_compute: float) -> Instance:
+    """10 users: 0-4 only AD steps fast enough for, 5-9 only SD."""
+    inf = np.inf
+    return Instance(
+        compute=np.array([[0.02, inf]] * 5 + [[inf, 0.01]] * 5),
+        memory=np.full((10, 2), 0.01),
+        compute_capacity=1.0,
+        memory_capacity=1.0,
+        setup_compute=np.array([setup_compute, setup_compute]),
+        setup_memory=np.array([0.0, 0.1]),
+    )
+
+
+def test_plan_opens_both_modes_only_when_both_serve_more():
     window, deadline = np.arange(10), np.ones(10)
-    loose = plan_modes(window_instance(10, 0.01, 0.2), window, deadline, 1.0, (AD, SD))
-    assert loose.modes == (AD, SD)
-    tight = plan_modes(window_instance(10, 0.01, 0.45), window, deadline, 1.0, (AD, SD))
+    both = plan_modes(split_instance(0.2), window, deadline, 1.0, (AD, SD))
+    assert both.modes == (AD, SD)  # each mode alone serves 5 of the 10
+    tight = plan_modes(split_instance(0.45), window, deadline, 1.0, (AD, SD))
     assert len(tight.modes) == 1  # 0.9 of the server minus two setups of 0.45: nothing left
+    # every user fits either mode: one mode serves all 10, and the second stays shut
+    tie = plan_modes(window_instance(10, 0.01, 0.2), window, deadline, 1.0, (AD, SD))
+    assert len(tie.modes) == 1 and tie.priced
 
 
 def test_a_plan_on_too_few_arrivals_opens_only_the_modes_they_use():
-    inst = window_instance(10, 0.01, 0.2)  # both setups fit: a priced plan opens both
+    inst = split_instance(0.2)  # a priced plan on all 10 opens both
     window, deadline = np.arange(10), np.ones(10)
     assert plan_modes(inst, window, deadline, 1.0, (AD, SD)).modes == (AD, SD)
     first = plan_modes(inst, window[:1], deadline, 1.0, (AD, SD))
-    assert not first.priced and len(first.modes) == 1  # not both setups for one user
+    assert not first.priced and first.modes == (AD,)  # not both setups for one user
 
 
 def test_a_user_no_open_mode_can_serve_may_open_a_shut_one_in_a_batch():

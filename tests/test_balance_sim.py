@@ -20,6 +20,7 @@ from testbed.balance.problem import (
 from testbed.balance.rescue import move_lagging_sd_users
 from testbed.balance.simulator import (
     SimulatedExecutor,
+    Workload,
     random_workload,
     simulate,
     workload_span_s,
@@ -127,6 +128,26 @@ def test_work_at_the_top_of_a_period_counts_inside_it():
     loop.run_period()  # not told when it began: the period starts now
     assert ex.clock() == pytest.approx(1.12)
     assert loop.most_behind_s == pytest.approx(0.02)  # it started 20 ms after it was due
+
+
+def test_a_loop_that_waited_for_work_is_not_counted_late():
+    users = Users(np.array([20, 20]), np.array([10, 10]), np.array([1.0, 1.0]))
+    ex = SimulatedExecutor(COST, users, np.random.default_rng(1))
+    loop = HybridLoop(ex, {AD: 200.0, SD: 100.0}, period_s=0.05)
+    loop.add(0, AD, pace=100.0)
+    while loop.members:
+        loop.run_period()
+    ex.wait_until(3.0)  # nobody to serve until the next arrival
+    loop.rest()
+    loop.add(1, AD, pace=100.0)
+    loop.run_period()
+    assert loop.most_behind_s == 0.0
+    ex.wait_until(ex.clock() + 0.03)  # a period that starts 30 ms late still counts
+    loop.run_period()
+    assert loop.most_behind_s == pytest.approx(0.03)
+    # the simulator rests its loop while it waits for arrivals 2 s apart
+    work = Workload(users, np.array([0.0, 2.0]))
+    assert simulate(COST, work, 64 * 2**20, SERVICE, "ad-only").most_behind_s < 0.01
 
 
 def test_user_demands_refuse_a_pace_the_mode_cannot_step_at():
@@ -255,3 +276,31 @@ def test_an_sd_user_whose_rounds_yield_too_little_moves_to_ad_and_makes_its_dead
 def test_a_lagging_sd_user_does_not_open_ad_for_itself():
     finish, why = poor_draft_lab(ad_user=False)
     assert why == {} and finish > 0.6  # AD's setup would come out of everyone else's share
+
+
+def test_bench_balance_sim_says_where_the_hybrid_stands_at_each_point(tmp_path):
+    from typer.testing import CliRunner
+
+    from testbed.cli import app
+
+    path = tmp_path / "cost.json"
+    path.write_text(COST.model_dump_json())
+    args = ["--users", "30", "--budgets-mib", "6,64", "--rates", "20,80", "--seeds", "0,1"]
+    result = CliRunner().invoke(app, ["bench", "balance-sim", "--cost", str(path), *args])
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines()[1:-1]]
+    assert [(r[0], r[1], r[3]) for r in rows] == [
+        (s, r, m) for s in ("0", "1") for r in ("20", "80") for m in ("6.0", "64.0")
+    ]
+    stand = {"above": 0, "equal": 0, "below": 0}
+    for r in rows:
+        ad, sd, hybrid = (int(r[k].split("/")[0]) for k in (4, 5, 6))
+        margin = hybrid - max(ad, sd)
+        where = "above" if margin > 0 else ("below" if margin < 0 else "equal")
+        assert r[-2:] == [where, f"({margin:+d})"]
+        stand[where] += 1
+    assert result.output.splitlines()[-1] == (
+        "hybrid against the better single mode: "
+        f"above at {stand['above']}, equal at {stand['equal']}, "
+        f"below at {stand['below']} of 8 points"
+    )

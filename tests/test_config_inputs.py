@@ -186,9 +186,11 @@ def test_repetitions_multiply_conditions_and_shift_seeds(tmp_path):
     sweep = expand(load_playbook(path), str(path))
     conds = list(sweep)
     assert len(sweep) == len(conds) == 6 and len({c.id for c in conds}) == 6
-    assert [c.values["repetition"] for c in conds] == [0, 1, 2, 0, 1, 2]
-    assert [c.playbook.workload.seed for c in conds[:3]] == [10, 11, 12]
-    assert [c.playbook.workload.arrival.seed for c in conds[:3]] == [4, 5, 6]
+    # the whole sweep once per repetition: a point's repetitions are spread over the run
+    assert [c.values["repetition"] for c in conds] == [0, 0, 1, 1, 2, 2]
+    assert [c.values["link.loss"] for c in conds] == [0, 0.1] * 3
+    assert [c.playbook.workload.seed for c in conds[::2]] == [10, 11, 12]
+    assert [c.playbook.workload.arrival.seed for c in conds[::2]] == [4, 5, 6]
     assert list(sweep.ids()) == [c.id for c in conds]
     with pytest.raises(BadInputError, match=r"repetitions \(3\)"):
         expand(load_playbook(path), str(path), max_conditions=5)

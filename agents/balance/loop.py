@@ -65,6 +65,7 @@ class HybridLoop:
     steps: dict[int, int] = field(default_factory=lambda: {AD: 0, SD: 0})
     last: float | None = None  # when the previous period started
     most_behind_s: float = 0.0  # the most a period started after the previous one was due to end
+    rested: bool = False  # the loop waited for work since its last period (`rest`)
 
     def add(self, uid: int, mode: int, pace: float, since: float | None = None) -> None:
         """Serve uid in mode at pace tokens/s, counted from since (its arrival; default now)."""
@@ -75,6 +76,11 @@ class HybridLoop:
         m = self.members[uid]
         if m.mode != mode:
             m.mode, m.ready, m.steps_in_mode, m.delivered_in_mode = mode, False, 0, 0
+
+    def rest(self) -> None:
+        """The loop had no one to serve and waited for work: the gap before its next period
+        is idleness, not lateness, and `most_behind_s` leaves it out."""
+        self.rested = True
 
     def run_period(self, start: float | None = None) -> dict[int, float]:
         """Run one period; return {uid: finish time} of the users that finished in it.
@@ -88,7 +94,9 @@ class HybridLoop:
         finished: dict[int, float] = {}
         # steps are owed for the time that really passed (a period that overran owes more)
         elapsed = self.period_s if self.last is None else start - self.last
-        self.most_behind_s = max(self.most_behind_s, elapsed - self.period_s)
+        if not self.rested:
+            self.most_behind_s = max(self.most_behind_s, elapsed - self.period_s)
+        self.rested = False
         elapsed = min(max(elapsed, self.period_s), 4 * self.period_s)
         self.last = start
         for mode in (AD, SD):

@@ -187,6 +187,7 @@ def serve(
         now = executor.clock()
         if not loop.members and not admission.waiting and nxt < n:
             executor.wait_until(float(work.arrival[order[nxt]]))
+            loop.rest()
             now = executor.clock()
         first = nxt
         while nxt < n and work.arrival[order[nxt]] <= now:

@@ -166,7 +166,9 @@ class SledSection(Strict):
 
 class BalanceSection(Strict):
     """BALANCE mode: users with mixed deadlines and lengths arrive at one server that serves
-    each autoregressively (AD) or speculatively (SD) under a memory budget (docs/balance.md)."""
+    each autoregressively (AD) or speculatively (SD) under a memory budget (docs/balance.md).
+    Their problems come from `workload.seed`; their arrival times and deadlines from `seed`
+    plus `workload.arrival.seed` (so each repetition draws new ones)."""
 
     policy: Literal["ad-only", "sd-only", "hybrid"] = "hybrid"
     users: int = Field(20, ge=1, le=1000, description="users (arithmetic problems) arriving")
@@ -304,7 +306,10 @@ class Sweep:
     the sweep's lists; each condition is resolved and validated only when iterated to.
 
     With `workload.repetitions` r > 1 every sweep point runs r times; repetition k (value
-    `repetition`) adds k to `workload.seed` and `workload.arrival.seed`.
+    `repetition`) adds k to `workload.seed` and `workload.arrival.seed`. Repetitions are the
+    outer loop: the whole sweep runs once, then again, so conditions compared within one
+    repetition (policies, say) run back to back, and a slow spell of the host falls on one
+    repetition of several points rather than on every repetition of one.
     """
 
     def __init__(self, playbook: Playbook, source: str = "playbook") -> None:
@@ -319,13 +324,10 @@ class Sweep:
 
     def values(self) -> Iterator[dict[str, Any]]:
         """The swept values of each condition, in order."""
-        for combo in itertools.product(*(self.playbook.sweep[k] for k in self.keys)):
-            values = dict(zip(self.keys, combo, strict=True))
-            if self.repetitions == 1:
-                yield values
-            else:
-                for rep in range(self.repetitions):
-                    yield {**values, REPETITION: rep}
+        for rep in range(self.repetitions):
+            for combo in itertools.product(*(self.playbook.sweep[k] for k in self.keys)):
+                values = dict(zip(self.keys, combo, strict=True))
+                yield values if self.repetitions == 1 else {REPETITION: rep, **values}
 
     def ids(self) -> Iterator[str]:
         """Condition ids in order, without resolving any condition."""

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from testbed.results.policy_comparison import compare_policies, comparison_rows
 from testbed.results.store import RunStore
 from testbed.results.tables import typed_table, write_parquet
 
@@ -131,6 +132,20 @@ def print_summary(df: pd.DataFrame, title: str) -> None:
     for header, note in SUMMARY_NOTES.items():
         if header in headers:
             console.print(f"[dim]{note}[/dim]")
+    points = compare_policies(df)
+    if points:
+        headers, rows = comparison_rows(points)
+        table = Table(title="BALANCE: users in time per policy (mean over repetitions)")
+        for i, h in enumerate(headers):
+            table.add_column(h, justify="left" if i == 0 else "right")
+        for cells in rows:
+            table.add_row(*cells)
+        console.print(table)
+        console.print(
+            "[dim]hybrid - better: per repetition (the same users for every policy), the "
+            "hybrid's users in time minus the better single mode's; mean and 95 % t-interval "
+            "over repetitions[/dim]"
+        )
     if "reason" in df.columns:
         for _, r in df[df["status"] != "done"].iterrows():
             console.print(f"[red]{r['condition']} failed:[/red] {r['reason']}")

@@ -70,9 +70,10 @@ def draft_folder(draft: str) -> str:
 def user_rows(pb: Playbook, target: str) -> list[dict[str, Any]]:
     """The condition's users: held-out arithmetic problems, each asking for the length of the
     target's greedy answer, with a deadline of base + length x a per-token time drawn from the
-    playbook's range, arriving as a Poisson process of `balance.rate_per_s`."""
+    playbook's range, arriving as a Poisson process of `balance.rate_per_s` (drawn from
+    `seed` + `workload.arrival.seed`, which a repetition shifts)."""
     b = pb.balance
-    rng = np.random.default_rng(pb.seed)
+    rng = np.random.default_rng(pb.seed + pb.workload.arrival.seed)
     problems = heldout_problems(b.users, seed=pb.workload.seed)
     max_new = pb.workload.max_new_tokens
     arrivals = np.cumsum(rng.exponential(1 / b.rate_per_s, b.users))
