@@ -12,6 +12,7 @@ import pytest
 from testbed.report.charts import Chart
 from testbed.report.data import RunData
 from testbed.report.figures import balance_throughput_by_policy
+from testbed.report.summary import summary_markdown
 from testbed.results.policy_comparison import compare_policies, comparison_rows
 
 # users in time per (memory, repetition, policy): at 5.8 MiB the better single mode changes
@@ -92,3 +93,7 @@ def test_figure_draws_the_mean_over_repetitions_with_its_interval(tmp_path: Path
     assert hybrid.x == [40.0] and hybrid.y == [pytest.approx(7 / 3)]  # (23 + 23 + 24) / 30
     assert hybrid.low[0] < 7 / 3 < hybrid.high[0]
     assert len(chart.series) == 6
+    text = summary_markdown(RunData(root), [chart])
+    table = text.split("## BALANCE: the hybrid against the better single mode")[1]
+    assert "| balance.memory_mib=7.0 | 19.7 | 30.3 | 30.0 | 3 | -0.3 [" in table
+    assert table.count("| above |") == 1 and table.count("| below |") == 1

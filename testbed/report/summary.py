@@ -7,6 +7,7 @@ import pandas as pd
 
 from testbed.report.charts import Chart, Skipped
 from testbed.report.data import RunData
+from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
 from testbed.results.report import SUMMARY_COLUMNS, SUMMARY_NOTES, summary_rows
 
 # (column of RunData.metric_rows, header, format): the terminal summary's columns of a finished
@@ -51,6 +52,13 @@ def summary_markdown(run: RunData, figures: list[Chart | Skipped]) -> str:
     lines += markdown_table(run.metric_rows()) if len(failed) < len(df) else ["(none finished)"]
     for row in failed.to_dict("records"):
         lines.append(f"\n- `{row['condition']}` failed: {str(row['reason']).splitlines()[0]}")
+    points = compare_policies(df)
+    if points:
+        headers, cells = comparison_rows(points)
+        lines += ["", "## BALANCE: the hybrid against the better single mode", ""]
+        lines += ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in cells]
+        lines += ["", COMPARISON_NOTE]
     lines += [
         "",
         *(f"- {note}" for note in SUMMARY_NOTES.values()),

@@ -17,6 +17,10 @@ from testbed.report.intervals import MeanCI, mean_ci
 POLICY = "sweep.balance.policy"
 REPETITION = "sweep.repetition"
 SINGLE = ("ad-only", "sd-only")
+COMPARISON_NOTE = (
+    "hybrid - better: per repetition (the same users for every policy), the hybrid's users in "
+    "time minus the better single mode's; mean and 95 % t-interval over repetitions"
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ def compare_policies(df: pd.DataFrame) -> list[PointComparison]:
 
 def comparison_rows(points: list[PointComparison]) -> tuple[list[str], list[list[str]]]:
     """Headers and cells of the printed comparison."""
-    headers = ["point", "AD-only", "SD-only", "hybrid", "reps", "hybrid - better (95 % CI)", ""]
+    headers = ["point", "AD-only", "SD-only", "hybrid", "reps", "hybrid - better (95 % CI)", "hybrid is"]
     rows = []
     for p in points:
         ci = p.margin

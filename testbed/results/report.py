@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from testbed.results.policy_comparison import compare_policies, comparison_rows
+from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
 from testbed.results.store import RunStore
 from testbed.results.tables import typed_table, write_parquet
 
@@ -141,11 +141,7 @@ def print_summary(df: pd.DataFrame, title: str) -> None:
         for cells in rows:
             table.add_row(*cells)
         console.print(table)
-        console.print(
-            "[dim]hybrid - better: per repetition (the same users for every policy), the "
-            "hybrid's users in time minus the better single mode's; mean and 95 % t-interval "
-            "over repetitions[/dim]"
-        )
+        console.print(f"[dim]{COMPARISON_NOTE}[/dim]")
     if "reason" in df.columns:
         for _, r in df[df["status"] != "done"].iterrows():
             console.print(f"[red]{r['condition']} failed:[/red] {r['reason']}")
