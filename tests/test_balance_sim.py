@@ -304,3 +304,26 @@ def test_bench_balance_sim_says_where_the_hybrid_stands_at_each_point(tmp_path):
         f"above at {stand['above']}, equal at {stand['equal']}, "
         f"below at {stand['below']} of 8 points"
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--rates", "20,abc", "expected comma-separated numbers, got '20,abc'"),
+        ("--rates", "0", "expected numbers of at least 1e-09, got 0.0"),
+        ("--users", "30.5", "expected comma-separated integers"),
+        ("--budgets-mib", "8,nan", "expected numbers of at least 1e-09, got nan in '8,nan'"),
+        ("--seeds", "-1", "expected integers of at least 0, got -1"),
+    ],
+)
+def test_bench_balance_sim_names_a_bad_list_option(tmp_path, option, value, says):
+    from typer.testing import CliRunner
+
+    from testbed.cli import app
+
+    path = tmp_path / "cost.json"
+    path.write_text(COST.model_dump_json())
+    result = CliRunner().invoke(app, ["bench", "balance-sim", "--cost", str(path), option, value])
+    assert result.exit_code == 2, result.output  # a usage error, not a traceback
+    text = " ".join(result.output.replace("│", " ").split())  # the error box may wrap it
+    assert option in text and says in text

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from testbed.commands.number_lists import numbers
 from testbed.errors import TestbedError
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def bench_balance(
         f"  bound max(OPT-2, min(OPT,1)) violated on {res.bound_violations} instance(s); "
         f"infeasible schedules: {res.infeasible}"
     )
-    times = solve_times([int(s) for s in sizes.split(",")], repeats, seed)
+    times = solve_times(numbers(sizes, "--sizes", int, 1), repeats, seed)
     typer.echo("  solve time, median (wall / CPU):")
     for n, t in times.items():
         typer.echo(f"    {n:>6} users  {t.wall_s * 1e3:8.1f} ms / {t.cpu_s * 1e3:8.1f} ms")
@@ -87,7 +88,7 @@ def profile(
         pair.draft_hf,
         pair.target_hf,
         draft_len=draft_len,
-        batches=[int(b) for b in batches.split(",")],
+        batches=numbers(batches, "--batches", int, 1),
         repeats=repeats,
         threads=threads,
         device=device,
@@ -142,6 +143,10 @@ def bench_balance_sim(
     from testbed.balance.problem import default_service
     from testbed.balance.simulator import POLICY_MODES, random_workload, simulate
 
+    seed_list = numbers(seeds, "--seeds", int, 0)
+    rate_list = numbers(rates, "--rates", float, 1e-9)
+    user_list = numbers(users, "--users", int, 1)
+    budget_list = numbers(budgets_mib, "--budgets-mib", float, 1e-9)
     cost = _load_cost(cost_file)
     service = default_service(cost, fixed_share=fixed_share)
     typer.echo(
@@ -150,11 +155,11 @@ def bench_balance_sim(
         + f"  {'peak MiB':>8}  hybrid"
     )
     stand = {"above": 0, "equal": 0, "below": 0}
-    for seed in (int(s) for s in seeds.split(",")):
-        for rate in (float(r) for r in rates.split(",")):
-            for n in (int(u) for u in users.split(",")):
+    for seed in seed_list:
+        for rate in rate_list:
+            for n in user_list:
                 work = random_workload(np.random.default_rng(seed), n, rate)
-                for mib in (float(b) for b in budgets_mib.split(",")):
+                for mib in budget_list:
                     res = {p: simulate(cost, work, mib * 2**20, service, p) for p in POLICY_MODES}
                     cells = "  ".join(f"{r.served_in_time:>14}/{r.late:<5}" for r in res.values())
                     peak = max(r.peak_memory_bytes for r in res.values()) / 2**20

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from testbed.commands.number_lists import numbers
+
 app = typer.Typer(
     help="Benchmarks: figures measured side by side in one run.", no_args_is_help=True
 )
@@ -77,7 +79,7 @@ def verify(
     path = model or ensure_tiny_pair().target_hf
     engine = TorchEngine(path, device=device, dtype=dtype, threads=threads)
     prompts = [engine.tokenize(prompt(p)) for p in heldout_problems(16, seed=3)]
-    sizes = [int(b) for b in batches.split(",")]
+    sizes = numbers(batches, "--batches", int, 1)
     typer.echo(f"batched verification: {engine.describe()} on {device} ({dtype}), g={draft_len}")
     typer.echo(f"{'batch':>6} {'ms/batch':>9} {'ms/single':>10} {'verified tok/s':>15} {'gain':>6}")
     for pt in time_batches(engine, prompts, sizes, draft_len):
