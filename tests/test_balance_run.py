@@ -16,6 +16,7 @@ import yaml
 from conftest import require_root_netns
 
 from testbed.balance.costmodel import load_cost_model
+from testbed.balance.rescue import MOVED_TO_AD
 from testbed.config.playbook import load_playbook
 from testbed.errors import BadInputError
 from testbed.lab.clean import leftovers
@@ -94,7 +95,7 @@ def test_policies_use_only_their_modes(balance_run):
     assert entries["ad-only"]["metrics"]["sd_users"] == 0
     assert entries["sd-only"]["metrics"]["ad_users"] == 0
     for e in entries.values():  # only the hybrid moves a lagging SD user to AD
-        moved = users_of(outcome, e)["admission"].str.contains("moved to AD").sum()
+        moved = users_of(outcome, e)["admission"].str.contains(MOVED_TO_AD).sum()
         assert e["metrics"]["moved_to_ad"] == moved
         assert moved == 0 or e["values"]["balance.policy"] == "hybrid"
     for e in entries.values():

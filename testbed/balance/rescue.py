@@ -19,6 +19,7 @@ from testbed.balance.costmodel import CostModel
 from testbed.balance.problem import Service, Users, top_pace
 
 MIN_ROUNDS = 3  # rounds a user must have been in before its own yield is trusted
+MOVED_TO_AD = "moved to AD"  # how a moved user's admission record says so (counted by runs)
 
 
 def move_lagging_sd_users(
@@ -52,7 +53,7 @@ def move_lagging_sd_users(
         if admission.move(uid, AD, share, now):
             loop.move(uid, AD)
             moved[uid] = (
-                f"moved to AD {since:.2f} s after it arrived: its SD rounds yielded "
+                f"{MOVED_TO_AD} {since:.2f} s after it arrived: its SD rounds yielded "
                 f"{per_round:.2f} tokens each, too few for its {need} tokens left"
             )
     return moved

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -142,6 +143,7 @@ def bench_balance_sim(
 
     from testbed.balance.problem import default_service
     from testbed.balance.simulator import POLICY_MODES, random_workload, simulate
+    from testbed.results.policy_comparison import standing
 
     seed_list = numbers(seeds, "--seeds", int, 0)
     rate_list = numbers(rates, "--rates", float, 1e-9)
@@ -155,23 +157,20 @@ def bench_balance_sim(
         + f"  {'peak MiB':>8}  hybrid"
     )
     stand = {"above": 0, "equal": 0, "below": 0}
-    for seed in seed_list:
-        for rate in rate_list:
-            for n in user_list:
-                work = random_workload(np.random.default_rng(seed), n, rate)
-                for mib in budget_list:
-                    res = {p: simulate(cost, work, mib * 2**20, service, p) for p in POLICY_MODES}
-                    cells = "  ".join(f"{r.served_in_time:>14}/{r.late:<5}" for r in res.values())
-                    peak = max(r.peak_memory_bytes for r in res.values()) / 2**20
-                    margin = res["hybrid"].served_in_time - max(
-                        res[p].served_in_time for p in ("ad-only", "sd-only")
-                    )
-                    where = "above" if margin > 0 else ("below" if margin < 0 else "equal")
-                    stand[where] += 1
-                    typer.echo(
-                        f"{seed:>4} {rate:>6g} {n:>6} {mib:>6.1f}  {cells}  {peak:>8.2f}  "
-                        f"{where} ({margin:+d})"
-                    )
+    for seed, rate, n in itertools.product(seed_list, rate_list, user_list):
+        work = random_workload(np.random.default_rng(seed), n, rate)
+        for mib in budget_list:
+            res = {p: simulate(cost, work, mib * 2**20, service, p) for p in POLICY_MODES}
+            cells = "  ".join(f"{r.served_in_time:>14}/{r.late:<5}" for r in res.values())
+            peak = max(r.peak_memory_bytes for r in res.values()) / 2**20
+            margin = res["hybrid"].served_in_time - max(
+                res[p].served_in_time for p in ("ad-only", "sd-only")
+            )
+            stand[standing(margin)] += 1
+            typer.echo(
+                f"{seed:>4} {rate:>6g} {n:>6} {mib:>6.1f}  {cells}  {peak:>8.2f}  "
+                f"{standing(margin)} ({margin:+d})"
+            )
     typer.echo(
         "hybrid against the better single mode: "
         + ", ".join(f"{k} at {v}" for k, v in stand.items())

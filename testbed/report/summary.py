@@ -24,8 +24,8 @@ def headline_cells(rows: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     return summary_rows(rows, HEADLINE)
 
 
-def markdown_table(rows: pd.DataFrame) -> list[str]:
-    headers, cells = headline_cells(rows)
+def markdown_table(headers: list[str], cells: list[list[str]]) -> list[str]:
+    """A Markdown table's lines."""
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in cells]
 
@@ -49,16 +49,16 @@ def summary_markdown(run: RunData, figures: list[Chart | Skipped]) -> str:
     failed = df[df["status"] != "done"]
     lines.append(f"- conditions: {len(df) - len(failed)} done, {len(failed)} failed")
     lines += ["", "## Conditions", ""]
-    lines += markdown_table(run.metric_rows()) if len(failed) < len(df) else ["(none finished)"]
+    if len(failed) < len(df):
+        lines += markdown_table(*headline_cells(run.metric_rows()))
+    else:
+        lines.append("(none finished)")
     for row in failed.to_dict("records"):
         lines.append(f"\n- `{row['condition']}` failed: {str(row['reason']).splitlines()[0]}")
     points = compare_policies(df)
     if points:
-        headers, cells = comparison_rows(points)
         lines += ["", "## BALANCE: the hybrid against the better single mode", ""]
-        lines += ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in cells]
-        lines += ["", COMPARISON_NOTE]
+        lines += [*markdown_table(*comparison_rows(points)), "", COMPARISON_NOTE]
     lines += [
         "",
         *(f"- {note}" for note in SUMMARY_NOTES.values()),

@@ -12,10 +12,11 @@ from typing import Any
 
 import pandas as pd
 
+from testbed.config.playbook import REPETITION as REPETITION_KEY
 from testbed.report.intervals import MeanCI, mean_ci
 
 POLICY = "sweep.balance.policy"
-REPETITION = "sweep.repetition"
+REPETITION = f"sweep.{REPETITION_KEY}"
 SINGLE = ("ad-only", "sd-only")
 COMPARISON_NOTE = (
     "hybrid - better: per repetition (the same users for every policy), the hybrid's users in "
@@ -33,9 +34,13 @@ class PointComparison:
 
     @property
     def verdict(self) -> str:
-        """above / equal / below: the sign of the mean margin."""
-        m = self.margin.mean or 0.0
-        return "above" if m > 0 else ("below" if m < 0 else "equal")
+        """Where the hybrid stands on average (`standing` of the mean margin)."""
+        return standing(self.margin.mean or 0.0)
+
+
+def standing(margin: float) -> str:
+    """above / equal / below: the sign of the hybrid's margin over the better single mode."""
+    return "above" if margin > 0 else ("below" if margin < 0 else "equal")
 
 
 def compare_policies(df: pd.DataFrame) -> list[PointComparison]:
@@ -67,7 +72,8 @@ def compare_policies(df: pd.DataFrame) -> list[PointComparison]:
 
 def comparison_rows(points: list[PointComparison]) -> tuple[list[str], list[list[str]]]:
     """Headers and cells of the printed comparison."""
-    headers = ["point", "AD-only", "SD-only", "hybrid", "reps", "hybrid - better (95 % CI)", "hybrid is"]
+    headers = ["point", "AD-only", "SD-only", "hybrid", "reps", "hybrid - better (95 % CI)"]
+    headers.append("hybrid is")
     rows = []
     for p in points:
         ci = p.margin

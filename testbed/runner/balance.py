@@ -28,6 +28,7 @@ from agents.spec.decoding import generate_ad
 from agents.workloads.arithmetic import heldout_problems, prompt
 from testbed.balance.costmodel import CostModel, load_cost_model
 from testbed.balance.problem import Users, default_service, make_instance, servable_alone
+from testbed.balance.rescue import MOVED_TO_AD
 from testbed.balance.simulator import SimResult, Workload, simulate, workload_span_s
 from testbed.config.playbook import BalanceSection, Condition, Playbook
 from testbed.errors import BadInputError
@@ -229,7 +230,7 @@ def condition_metrics(
         "refused": len(users) - len(served),
         "ad_users": int((served["mode"] == "AD").sum()),
         "sd_users": int((served["mode"] == "SD").sum()),
-        "moved_to_ad": int(served["admission"].str.contains("moved to AD").sum()),
+        "moved_to_ad": int(served["admission"].str.contains(MOVED_TO_AD).sum()),
         "served_in_time": in_time,
         "servable_alone": ceiling,
         "late": len(served) - in_time,
