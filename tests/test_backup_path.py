@@ -94,10 +94,10 @@ def test_holder_rules_cover_both_paths_with_distinct_queues(tmp_path: Path) -> N
     rules = [r for p in paths for r in plan_rules(p.site.server, p.devices, p.profiles, p.path)]
     backup = [r for r in rules if r.path == "backup"]
     assert [(r.port, r.src, r.dst) for r in backup] == [
-        ("b-dev1", "10.89.10.2", "10.89.9.1"),
-        ("b-dev1", "10.89.9.1", "10.89.10.2"),
+        ("b-dev1", "10.89.10.2", "10.89.9.1"),  # up: enters by the device's backup port
+        ("b-server", "10.89.9.1", "10.89.10.2"),  # down: by the server's
         ("b-dev2", "10.89.10.3", "10.89.9.1"),
-        ("b-dev2", "10.89.9.1", "10.89.10.3"),
+        ("b-server", "10.89.9.1", "10.89.10.3"),
     ]
     queues = [r.queue for r in rules]
     assert len(set(queues)) == len(queues) == 8

@@ -77,16 +77,16 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
 
     line = (
         "queue={q} link={link}/{d} gen={g} in=120 out={out} lost=3 full=0 late_us_mean=12.5 "
-        "late_us_max={mx} late_over_500us={late} by_backup=3"
+        "late_us_max={mx} late_over_500us={late} by_backup=3 unstamped={unstamped}"
     )
     log = "\n".join([
         START_MARK,
-        line.format(q=1, link="dev1", d="up", g=1, out=9, mx=900.0, late=2),  # earlier holder
+        line.format(q=1, link="dev1", d="up", g=1, out=9, mx=900.0, late=2, unstamped=0),  # earlier
         START_MARK,
         "tb-holder: reload failed; kept going",
-        line.format(q=1, link="dev1", d="up", g=4, out=117, mx=3569.5, late=4),
-        line.format(q=2, link="dev1/backup", d="down", g=4, out=100, mx=40.0, late=0),
-        line.format(q=1, link="dev1", d="up", g=5, out=50, mx=20.0, late=0),
+        line.format(q=1, link="dev1", d="up", g=4, out=117, mx=3569.5, late=4, unstamped=0),
+        line.format(q=2, link="dev1/backup", d="down", g=4, out=100, mx=40.0, late=0, unstamped=7),
+        line.format(q=1, link="dev1", d="up", g=5, out=50, mx=20.0, late=0, unstamped=0),
         "queue=3 link=dev2/up in=x out=1",  # not a counts line: skipped
     ])  # fmt: skip
     counts = parse_release_counts(log)
@@ -98,6 +98,7 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
         (1, "dev1", "up", 5, 50, 0),
     ]
     assert counts[0].latest_ms == pytest.approx(3.5695)
+    assert [c.unstamped for c in counts] == [0, 7, 0]
     bench = LinkBench(85, 1, [], holder=counts)
     assert bench.holder_late == (267, 4, pytest.approx(3.5695))
 

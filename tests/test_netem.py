@@ -98,7 +98,13 @@ def test_rules_match_only_the_device_server_path(tmp_path: Path) -> None:
         ("dev2", CHAIN_DOWN, 105),
     ]
     text = restore_text(rules)
-    assert "--physdev-in p-dev1" in text and "--physdev-out p-dev1" in text
+    # down is queued where it enters the bridge (the server's port), not where it leaves: the
+    # bridge clears a packet's arrival stamp when it forwards it
+    assert "--physdev-out" not in text
+    assert (
+        f"-A {CHAIN_DOWN} -s {server}/32 -d 10.79.209.2/32 -m physdev --physdev-in "
+        f"{lab.server.port} -j NFQUEUE --queue-num 103" in text
+    )
     assert (
         f"-A {CHAIN_UP} -s 10.79.209.3/32 -d {server}/32 -m physdev --physdev-in p-dev2 "
         "-j NFQUEUE --queue-num 104" in text
@@ -164,6 +170,39 @@ def clean_links(lab: EmulatedLab):
 def _bound(figure, level: float = 0.999) -> bool:
     """Measured loss inside a wide binomial interval around the requested rate."""
     return stats.loss_within(figure.lost, figure.of, figure.requested, level)
+
+
+def test_probe_responder_reports_each_echos_send_lag() -> None:
+    """On loopback: the responder tells, per measurement echo, how long the echo took to leave
+    after the turnaround it carries was taken (the caller subtracts it from the RTT)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from testbed.netem.probe import SCRIPT
+
+    port = 47990
+    echo = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "echo", "--bind", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert echo.stdout is not None and echo.stdout.readline().strip() == "ready"
+        sent = subprocess.run(
+            [sys.executable, str(SCRIPT), "send", "--dst", "127.0.0.1", "--port", str(port),
+             "--count", "50", "--interval-ms", "2", "--warmup-min-s", "0", "--warmup-max-s", "0.1"],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        echo.send_signal(signal.SIGTERM)
+        out, _ = echo.communicate(timeout=10)
+    told = json.loads(out.strip().splitlines()[-1])
+    assert told["received"] == list(range(50))
+    lags = {int(k): v for k, v in told["send_lag_ns"].items()}
+    assert sorted(lags) == list(range(50))
+    assert all(0 <= v < 50_000_000 for v in lags.values()), lags
+    assert len(json.loads(sent.stdout)["rtt_ms"]) == 50
 
 
 def test_unimpaired_link_is_fast(lab: EmulatedLab) -> None:
@@ -314,6 +353,22 @@ def test_each_releaser_alone_keeps_order_and_delay_and_says_who_released(lab: Em
         assert sorted(c.direction for c in counts) == ["down", "up"], counts
         assert all(c.released >= 300 for c in counts)
         assert all(c.by_backup == round(backup_share * c.released) for c in counts), counts
+
+
+def test_holder_holds_both_directions_from_their_kernel_arrival_time(lab: EmulatedLab) -> None:
+    """Each packet's hold counts from the kernel's arrival stamp in both directions; a packet
+    queued where the bridge has cleared it (down, at POSTROUTING) was held from when the holder
+    read it, so every stall of the holder's reading added to its delay."""
+    from testbed.netem.nfqueue import release_counts
+
+    clear(lab)
+    apply(lab, LinkProfile(rtt_ms=20), ["dev1"], backend="nfqueue")
+    raw = probe_packets(lab, "dev1", count=200, interval_ms=2)
+    clear(lab)
+    assert len(raw.rtt_ms) == 200
+    counts = [c for c in release_counts(lab) if c.link == "dev1"]
+    assert sorted(c.direction for c in counts) == ["down", "up"], counts
+    assert all(c.released >= 200 and c.unstamped == 0 for c in counts), counts
 
 
 def test_gilbert_elliott_loss_comes_in_bursts(clean_links: EmulatedLab) -> None:

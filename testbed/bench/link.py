@@ -65,6 +65,12 @@ class LinkBench:
             max((q.latest_ms for q in self.holder), default=0.0),
         )
 
+    @property
+    def holder_unstamped(self) -> int:
+        """Packets the holder held from when it read them, not from their kernel arrival time
+        (0 unless a queue sits where the kernel has cleared the stamp)."""
+        return sum(q.unstamped for q in self.holder)
+
     def holder_on(self, row: Calibration) -> list[ReleaseCounts]:
         """The holder's counts on row's link (both directions, primary path) while row's
         profile was loaded."""

@@ -17,8 +17,11 @@
  * time, and after each load the generation number is written to SPEC.ack.
  *
  * Accuracy: the hold counts from the packet's kernel receive timestamp (switched on by holding
- * one SO_TIMESTAMP socket), not from when it was read; timers are armed early by the running
- * mean of how late this process wakes up; timer slack is 1 ns; --rt-prio runs it SCHED_FIFO.
+ * one SO_TIMESTAMP socket), not from when it was read; a packet without one (the kernel clears
+ * it when a bridge forwards, so queue at PREROUTING) is held from when it was read and counted
+ * as unstamped. Timers are armed early by the running mean of how late this process wakes up,
+ * leaving out releases more than STALL_NS late (a stall, not a wake-up: counting it would
+ * release the packets after it early); timer slack is 1 ns; --rt-prio runs it SCHED_FIFO.
  * A backup releaser thread, pinned to another CPU than the main thread, releases what is more
  * than BACKUP_GRACE_NS overdue: on a VM the hypervisor takes one virtual CPU at a time for
  * milliseconds (steal), and the other then releases on time. Each release is one batch verdict
@@ -56,6 +59,7 @@
 
 #define MAX_QUEUES 1024
 #define MAX_EARLY_NS 1000000LL
+#define STALL_NS 500000LL /* a main-thread release later than this says nothing of wake-ups */
 #define BACKUP_GRACE_NS 200000ULL /* the backup releases packets overdue by more than this */
 #define BACKUP_POLL_NS 2000000ULL /* ... and looks at least this often */
 enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };
@@ -80,7 +84,7 @@ typedef struct {
     held_t *ring;
     size_t cap;
     _Atomic size_t head, tail; /* head: taken by either releaser; tail: by the main thread */
-    unsigned long n_in, n_lost, n_full;
+    unsigned long n_in, n_lost, n_full, n_unstamped; /* unstamped: held from when it was read */
     _Atomic unsigned long n_out, n_late500, n_backup; /* n_late500: released >0.5 ms late */
     _Atomic uint64_t late_ns_sum, late_ns_max;        /* n_backup: released by the backup */
 } queue_t;
@@ -166,13 +170,19 @@ static uint64_t advance_phases(uint64_t t) {
     return next;
 }
 
-/* Monotonic time the packet reached the bridge, from its kernel timestamp; `now` if absent. */
-static uint64_t arrival_ns(struct nfq_data *nfa, uint64_t now) {
+/* Monotonic time the packet reached the bridge, from its kernel timestamp; `now` (counted in
+ * q->n_unstamped) if it has none or an implausible one. */
+static uint64_t arrival_ns(queue_t *q, struct nfq_data *nfa, uint64_t now) {
     struct timeval tv;
-    if (nfq_get_timestamp(nfa, &tv) != 0 || tv.tv_sec == 0) return now;
-    int64_t offset = (int64_t)clock_ns(CLOCK_REALTIME) - (int64_t)now;
-    int64_t at = (int64_t)tv.tv_sec * 1000000000LL + (int64_t)tv.tv_usec * 1000LL - offset;
-    if (at > (int64_t)now || (int64_t)now - at > 100000000LL) return now; /* implausible */
+    int64_t at = (int64_t)now;
+    if (nfq_get_timestamp(nfa, &tv) == 0 && tv.tv_sec != 0) {
+        int64_t offset = (int64_t)clock_ns(CLOCK_REALTIME) - (int64_t)now;
+        at = (int64_t)tv.tv_sec * 1000000000LL + (int64_t)tv.tv_usec * 1000LL - offset;
+    }
+    if (at >= (int64_t)now || (int64_t)now - at > 100000000LL) { /* none, or implausible */
+        q->n_unstamped++;
+        return now;
+    }
     return (uint64_t)at;
 }
 
@@ -194,7 +204,7 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
         q->n_full++;
         return nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
     }
-    uint64_t at = arrival_ns(nfa, now);
+    uint64_t at = arrival_ns(q, nfa, now);
     int64_t early = wake_late_ns < (int64_t)ph->delay_ns ? wake_late_ns : (int64_t)ph->delay_ns;
     int64_t due = (int64_t)at + (int64_t)ph->delay_ns - early + jitter(q, ph);
     if (due < (int64_t)at) due = (int64_t)at;
@@ -235,7 +245,7 @@ static void release_queue(queue_t *q, int all, uint64_t cutoff, uint64_t t, int 
         if (!by_main) q->n_backup += n;
         uint64_t was = atomic_load(&q->late_ns_max);
         while (worst > was && !atomic_compare_exchange_weak(&q->late_ns_max, &was, worst)) {}
-        if (by_main) {
+        if (by_main && (int64_t)(sum / n) <= STALL_NS) {
             int64_t mean = (int64_t)(sum / n);
             wake_late_ns += (mean - wake_late_ns) / 16;
             if (wake_late_ns > MAX_EARLY_NS) wake_late_ns = MAX_EARLY_NS;
@@ -326,12 +336,12 @@ static void flush_counts(queue_t *q) {
     if (q->n_in || q->n_out || q->n_lost || q->n_full)
         fprintf(stderr,
                 "queue=%d link=%s/%s gen=%lu in=%lu out=%lu lost=%lu full=%lu late_us_mean=%.1f "
-                "late_us_max=%.1f late_over_500us=%lu by_backup=%lu\n",
+                "late_us_max=%.1f late_over_500us=%lu by_backup=%lu unstamped=%lu\n",
                 q->num, q->link, q->direction, generation, q->n_in, (unsigned long)q->n_out,
                 q->n_lost, q->n_full, q->n_out ? (double)q->late_ns_sum / 1e3 / q->n_out : 0.0,
                 (double)q->late_ns_max / 1e3, (unsigned long)q->n_late500,
-                (unsigned long)q->n_backup);
-    q->n_in = q->n_lost = q->n_full = 0;
+                (unsigned long)q->n_backup, q->n_unstamped);
+    q->n_in = q->n_lost = q->n_full = q->n_unstamped = 0;
     q->n_out = q->n_late500 = q->n_backup = 0;
     q->late_ns_sum = q->late_ns_max = 0;
 }

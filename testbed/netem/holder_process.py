@@ -42,7 +42,7 @@ COUNTS = re.compile(
     r"^queue=(?P<queue>\d+) link=(?P<link>\S+)/(?P<direction>\S+) gen=(?P<gen>\d+) in=\d+ "
     r"out=(?P<out>\d+) "
     r"lost=\d+ full=\d+ late_us_mean=[\d.]+ late_us_max=(?P<max_us>[\d.]+) "
-    r"late_over_500us=(?P<late>\d+) by_backup=(?P<backup>\d+)$"
+    r"late_over_500us=(?P<late>\d+) by_backup=(?P<backup>\d+) unstamped=(?P<unstamped>\d+)$"
 )
 
 
@@ -60,6 +60,7 @@ class ReleaseCounts:
     late_over_500us: int
     latest_ms: float
     by_backup: int = 0  # released by the backup releaser (the main thread was late)
+    unstamped: int = 0  # held from when the holder read them: the kernel gave no arrival time
 
 
 def holder_flags() -> list[str]:
@@ -105,6 +106,7 @@ def parse_release_counts(log: str) -> list[ReleaseCounts]:
                     int(m["late"]),
                     float(m["max_us"]) / 1000,
                     int(m["backup"]),
+                    int(m["unstamped"]),
                 )  # fmt: skip
             )
     return out

@@ -2,10 +2,13 @@
 
 With br_netfilter on in the bridge namespace, bridged IPv4 packets cross iptables. For each
 impaired device link (primary, and backup where the lab has a backup path: its own ports and
-queues in the same rule set), in the mangle table:
-- chain TB-UP (jumped to from PREROUTING): packets entering from the device's port towards the
-  server are queued to the holder (one queue per direction of each link);
-- chain TB-DOWN (from POSTROUTING): packets from the server leaving by the device's port, alike.
+queues in the same rule set), in the mangle table, both chains jumped to from PREROUTING:
+- chain TB-UP: packets entering from the device's port towards the server are queued to the
+  holder (one queue per direction of each link);
+- chain TB-DOWN: packets entering from the server's port towards the device, alike.
+Both directions are queued where they enter the bridge: the holder holds each packet from its
+kernel arrival timestamp, and the bridge clears that stamp when it forwards, so a packet queued
+later (at POSTROUTING) could only be held from when the holder read it.
 The holder (holder.c) does loss (random or Gilbert-Elliott, seeded), delay, jitter and the
 profile's schedule, so one path serves every profile; rate limits are HTB classes (`shaper`).
 Only device <-> server packets match (the server's address is in every rule), so the
@@ -35,6 +38,7 @@ from testbed.netem.schedule import timeline
 from testbed.topo.model import PathKind
 
 CHAIN_UP, CHAIN_DOWN = "TB-UP", "TB-DOWN"
+JUMPS = ((CHAIN_UP, "PREROUTING"), (CHAIN_DOWN, "PREROUTING"))  # (chain, the hook jumping to it)
 QUEUE_BASE = 100
 BACKUP_QUEUE_BASE = QUEUE_BASE + 2 * (MAX_DEVICES + 1)  # above every primary queue
 
@@ -130,16 +134,15 @@ class Rule:
 
     chain: str
     device: str
-    port: str
+    port: str  # the bridge port the packet enters by: the device's (up) or the server's (down)
     src: str
     dst: str
     queue: int  # NFQUEUE rule to this queue
     path: PathKind = "primary"
 
     def args(self) -> list[str]:
-        physdev = "--physdev-in" if self.chain == CHAIN_UP else "--physdev-out"
         out = ["-A", self.chain, "-s", f"{self.src}/32", "-d", f"{self.dst}/32"]
-        out += ["-m", "physdev", physdev, self.port]
+        out += ["-m", "physdev", "--physdev-in", self.port]
         return out + ["-j", "NFQUEUE", "--queue-num", str(self.queue)]
 
 
@@ -158,7 +161,7 @@ def plan_rules(
             continue
         q_up, q_down = queue_numbers(index, path)
         rules.append(Rule(CHAIN_UP, dev.name, dev.port, dev.ip, server.ip, q_up, path))
-        rules.append(Rule(CHAIN_DOWN, dev.name, dev.port, server.ip, dev.ip, q_down, path))
+        rules.append(Rule(CHAIN_DOWN, dev.name, server.port, server.ip, dev.ip, q_down, path))
     return rules
 
 
@@ -229,7 +232,7 @@ class NfqueueBackend:
         r, sw = self.runner, lab.bridge_netns
         paths = impaired_paths(lab, profiles, backup)
         self._enable_br_netfilter(sw)
-        ensure_jumps(self.runner, ((CHAIN_UP, "PREROUTING"), (CHAIN_DOWN, "POSTROUTING")), sw)
+        ensure_jumps(self.runner, JUMPS, sw)
         rules = _all_rules(paths)
         queued = {(rule.path, rule.device) for rule in rules}
         state: dict[str, object] = {"holder_pid": None, "holder": None, "shaped_ports": []}
@@ -289,7 +292,7 @@ class NfqueueBackend:
         if extra:
             problems.append(f"{extra} unexpected rule(s) in {CHAIN_UP}/{CHAIN_DOWN}")
         if rules and not self._jumps_present(sw):
-            problems.append(f"PREROUTING/POSTROUTING do not jump to {CHAIN_UP}/{CHAIN_DOWN}")
+            problems.append(f"PREROUTING does not jump to {CHAIN_UP} and {CHAIN_DOWN}")
         queues = {r.queue for r in rules}
         if queues:
             pid = state.get("holder_pid")
@@ -351,7 +354,7 @@ class NfqueueBackend:
         out = self.runner.run(
             ["iptables-save", "-t", "mangle"], netns=netns, query=True, check=False
         ).stdout
-        return f"-A PREROUTING -j {CHAIN_UP}" in out and f"-A POSTROUTING -j {CHAIN_DOWN}" in out
+        return all(f"-A {hook} -j {chain}" in out for chain, hook in JUMPS)
 
     def _stop_holder(self, lab: LinkSite) -> None:
         """Stop the lab's holder, and here any other process tagged as the lab's holder (one
@@ -377,8 +380,7 @@ def _matches(rule: Rule, line: str) -> bool:
     def after(flag: str) -> str | None:
         return words[words.index(flag) + 1] if flag in words[:-1] else None
 
-    physdev = "--physdev-in" if rule.chain == CHAIN_UP else "--physdev-out"
-    if words[1] != rule.chain or after(physdev) != rule.port:
+    if words[1] != rule.chain or after("--physdev-in") != rule.port:
         return False
     if after("-s") != f"{rule.src}/32" or after("-d") != f"{rule.dst}/32":
         return False

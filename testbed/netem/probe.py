@@ -227,10 +227,13 @@ def probe_packets(
             echo.kill()
             out, _ = echo.communicate()
     try:
-        at_server = json.loads(out.decode().strip().splitlines()[-1])["received"]
-    except (IndexError, ValueError, KeyError) as exc:
+        told = json.loads(out.decode().strip().splitlines()[-1])
+        at_server = told["received"]
+        lags = {int(k): int(v) for k, v in told["send_lag_ns"].items()}
+    except (IndexError, ValueError, KeyError, AttributeError, TypeError) as exc:
         raise ImpairmentError(f"probe responder on {lab.server.name} gave no count") from exc
-    rtts = {int(k): float(v) for k, v in sent["rtt_ms"].items()}
+    # the echo's own send time is the responder's, not the link's (udp_probe's docstring)
+    rtts = {int(k): float(v) - lags.get(int(k), 0) / 1e6 for k, v in sent["rtt_ms"].items()}
     return RawProbe(
         device=dev.name,
         sent=int(sent["sent"]),

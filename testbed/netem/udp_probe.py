@@ -2,7 +2,9 @@
 
     udp_probe.py echo --bind IP --port P [--tag T] [--rt-prio N]
         Echo every datagram back. Prints "ready" once bound; on SIGTERM prints a JSON line
-        with the measurement sequence numbers it received, in arrival order.
+        with the measurement sequence numbers it received, in arrival order ("received"), and
+        per sequence number how long its echo took to leave after the turnaround was taken
+        ("send_lag_ns": to the kernel's transmit timestamp).
     udp_probe.py send --dst IP --port P [--count N] [--interval-ms I] [--size B] [--tag T]
         [--rt-prio N] [--via IFACE --src IP]
         Warm the link up (ARP), then send N numbered datagrams every I ms and time the echoes;
@@ -13,8 +15,11 @@ Datagram: 1 byte kind (W warm-up, M measurement), 8 bytes sequence number, 8 byt
 8 bytes the responder's turnaround, padding. RTT is the link's: from the kernel's transmit
 timestamp of the datagram (SO_TIMESTAMPING, software; the user-space send time where the kernel
 gives none) to the kernel receive timestamp (SO_TIMESTAMPNS) of its echo, less the responder's
-turnaround (its own kernel receive timestamp to just before it echoes). So how soon a busy CPU
-schedules the sender or the responder is not counted as link delay.
+turnaround: its own kernel receive timestamp to the kernel transmit timestamp of the echo. The
+echo carries the turnaround up to just before it is sent; the rest (the send itself, and any
+preemption during it) is the echo's send lag, which the responder reports at the end and the
+caller (`probe_packets`) subtracts. So how soon a busy CPU schedules the sender or the
+responder is not counted as link delay.
 
 `--user-rx` (both ends) takes receive times in user space instead: where packets are held on
 the receiving host's ingress (a lab impaired on its hosts), the kernel stamps them on arrival,
@@ -61,8 +66,13 @@ def arp_complete(ip: str, dev: str | None = None) -> bool:
 def echo(args: argparse.Namespace) -> int:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    with contextlib.suppress(OSError):  # else no send lag is reported (and none subtracted)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TX_STAMP_FLAGS)
     sock.bind((args.bind, args.port))
     seen: list[int] = []
+    sent_ids: dict[int, tuple[int, int]] = {}  # OPT_ID -> (seq, time the turnaround was taken)
+    send_lag: dict[int, int] = {}  # seq -> kernel transmit time less that time, ns
+    ids = itertools.count()  # the kernel's OPT_ID: one per datagram sent
     stop = False
 
     def on_term(*_: object) -> None:
@@ -81,12 +91,33 @@ def echo(args: argparse.Namespace) -> int:
         if len(data) < HEADER.size:
             continue
         kind, seq, tx, _ = HEADER.unpack_from(data)
+        now = time.time_ns()
+        ident = next(ids)
         if kind == b"M":
             seen.append(seq)
-        turnaround = max(0, time.time_ns() - rx)
-        sock.sendto(HEADER.pack(kind, seq, tx, turnaround) + data[HEADER.size :], addr)
-    print(json.dumps({"received": list(dict.fromkeys(seen))}), flush=True)  # arrival order
+            sent_ids[ident] = (seq, now)
+        sock.sendto(HEADER.pack(kind, seq, tx, max(0, now - rx)) + data[HEADER.size :], addr)
+        _drain_tx_stamps(sock, sent_ids, send_lag)
+    time.sleep(0.01)  # the last echo's stamp
+    _drain_tx_stamps(sock, sent_ids, send_lag)
+    out = {"received": list(dict.fromkeys(seen)), "send_lag_ns": send_lag}  # arrival order
+    print(json.dumps(out), flush=True)
     return 0
+
+
+def _drain_tx_stamps(
+    sock: socket.socket, sent_ids: dict[int, tuple[int, int]], send_lag: dict[int, int]
+) -> None:
+    """Read the echo socket's transmit timestamps; each measurement echo's send lag."""
+    while True:
+        try:
+            _, anc, _, _ = sock.recvmsg(0, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+        except OSError:  # BlockingIOError: none left
+            return
+        ident, stamp = _tx_stamp(anc)
+        if ident in sent_ids and stamp is not None:
+            seq, taken = sent_ids.pop(ident)
+            send_lag[seq] = max(0, stamp - taken)
 
 
 def _recv_time(anc: list[tuple[int, int, bytes]], user: bool = False) -> int:
