@@ -114,7 +114,7 @@ def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_mi
     rows = [row("a", "dev1", 0.9, 1), row("a", "dev2", 0.1, 1), row("b", "dev1", 0.2, 2)]
     counts = [
         ReleaseCounts(1, "dev1", "up", 1, 100, 3, 1.2, by_backup=2),
-        ReleaseCounts(2, "dev1", "down", 1, 100, 1, 0.7),
+        ReleaseCounts(2, "dev1", "down", 1, 100, 1, 0.7, unstamped=4),
         ReleaseCounts(3, "dev2", "up", 1, 100, 5, 0.9),
         ReleaseCounts(4, "dev1/backup", "up", 1, 100, 7, 0.9),  # another path: not dev1's
         ReleaseCounts(1, "dev1", "up", 2, 80, 2, 0.6),
@@ -133,6 +133,7 @@ def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_mi
     )
     assert (b.missed, b.late_all, b.late_missed) == (0, 2, 0)
     assert (a.by_backup, b.by_backup) == (2, 0)
+    assert bench.holder_unstamped == 4
     # the no-backup comparison rows are shown, not judged against the goals
     compared = LinkBench(85, 2, [*rows, row("a no-backup", "dev1", 9.0, 3)])  # type: ignore[list-item]
     assert compared.worst_p99_error_ms == 0.9

@@ -160,7 +160,7 @@ def link(
             released, late, latest = res.holder_late
             typer.echo(
                 f"packet holder: {released} packets released, {late} of them more than 0.5 ms "
-                f"after their due time (its own timers), the latest {latest:.3f} ms late; "
+                f"after their due time (its releasers held up), the latest {latest:.3f} ms late; "
                 f"{res.holder_unstamped} held from when it read them (no kernel arrival time)"
             )
             for t in res.tails():
