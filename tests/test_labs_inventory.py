@@ -133,7 +133,7 @@ def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts,
 
     from testbed.hosts import HostControl
     from testbed.netem.holder_build import find_holder
-    from testbed.netem.nfqueue import release_counts, site_holder
+    from testbed.netem.nfqueue import held_up, release_counts, site_holder
 
     ns = namespace_hosts
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml")
@@ -174,6 +174,7 @@ def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts,
     finally:
         clear(lab)
         released = release_counts(lab)  # written by the holder as it stopped
+        spells = held_up(lab)
         lab.down()
     # the holder counted every probe through each direction of both links, per profile
     generations = [imp.backend_state["holder_generation"] for imp in (first, second)]
@@ -186,6 +187,9 @@ def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts,
         # the probes, and the probe's warm-up datagrams (0.2-3 s, one per 20 ms)
         assert all(probed <= c.released <= probed + 150 for c in mine), mine
         assert all(0 <= c.late_over_500us <= c.released for c in mine)
+    # and, per generation, the spells in which neither of its releasers ran
+    assert [h.generation for h in spells] == generations
+    assert all(h.spells >= 0 and h.total_ms >= h.longest_ms * min(h.spells, 1) for h in spells)
     probes = probe_links(lab, count=20, interval_ms=5)
     assert all(r.rtt_ms is not None and r.rtt_ms.p50 < 5 for r in probes.values())
 

@@ -103,8 +103,24 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
     assert bench.holder_late == (267, 4, pytest.approx(3.5695))
 
 
+def test_spells_when_neither_releaser_ran_are_read_per_generation() -> None:
+    from testbed.netem.holder_process import START_MARK, HeldUp, parse_held_up
+
+    log = "\n".join([
+        START_MARK,
+        "held_up gen=1 both=9 longest_us=30000.0 total_us=50000.0",  # an earlier holder
+        START_MARK,
+        "held_up gen=4 both=2 longest_us=4670.5 total_us=6100.0",
+        "queue=1 link=dev1/up gen=5 in=1 out=1 lost=0 full=0 late_us_mean=1.0 late_us_max=1.0 "
+        "late_over_500us=0 by_backup=0 unstamped=0",
+        "held_up gen=5 both=0 longest_us=0.0 total_us=0.0",
+        "held_up gen=x both=1",  # not a held-up line: skipped
+    ])  # fmt: skip
+    assert parse_held_up(log) == [HeldUp(4, 2, 4.6705, 6.1), HeldUp(5, 0, 0.0, 0.0)]
+
+
 def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_missed() -> None:
-    from testbed.netem.holder_process import ReleaseCounts
+    from testbed.netem.holder_process import HeldUp, ReleaseCounts
 
     def row(profile: str, device: str, p99: float, gen: int) -> Calibration:
         return Calibration.model_construct(
@@ -119,7 +135,8 @@ def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_mi
         ReleaseCounts(4, "dev1/backup", "up", 1, 100, 7, 0.9),  # another path: not dev1's
         ReleaseCounts(1, "dev1", "up", 2, 80, 2, 0.6),
     ]
-    bench = LinkBench(85, 2, rows, holder=counts)  # type: ignore[arg-type]
+    spells = [HeldUp(1, 3, 4.7, 6.0), HeldUp(7, 1, 9.0, 9.0)]  # generation 7: no profile's
+    bench = LinkBench(85, 2, rows, holder=counts, spells=spells)  # type: ignore[arg-type]
     assert bench.holder_late_on(rows[0]) == (200, 4)
     assert bench.holder_late_on(rows[2]) == (80, 2)
     a, b = bench.tails()
@@ -133,6 +150,7 @@ def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_mi
     )
     assert (b.missed, b.late_all, b.late_missed) == (0, 2, 0)
     assert (a.by_backup, b.by_backup) == (2, 0)
+    assert (a.held_up, a.held_up_longest_ms, b.held_up, b.held_up_longest_ms) == (3, 4.7, 0, 0.0)
     assert bench.holder_unstamped == 4
     # the no-backup comparison rows are shown, not judged against the goals
     compared = LinkBench(85, 2, [*rows, row("a no-backup", "dev1", 9.0, 3)])  # type: ignore[list-item]

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from testbed.lab.interface import LinkSite
 from testbed.metrics.steal import StealSampler
 from testbed.netem.calibrate import Calibration, LossVerdict, calibrate, loss_verdict
-from testbed.netem.holder_process import ReleaseCounts, flags_for_holders
-from testbed.netem.nfqueue import release_counts
+from testbed.netem.holder_process import HeldUp, ReleaseCounts, flags_for_holders
+from testbed.netem.nfqueue import held_up, release_counts
 from testbed.netem.profile import LinkProfile
 
 LOSSES = (0.0, 0.01, 0.05, 0.1, 0.5, 1.0)
@@ -36,6 +36,8 @@ class ProfileTail:
     released: int  # packets the holder released, all links
     by_backup: int  # ... of them by its backup releaser
     steal_ms: float | None  # CPU time the hypervisor took while the profile was probed
+    held_up: int = 0  # spells in which neither of the holder's releasers ran
+    held_up_longest_ms: float = 0.0
 
 
 @dataclass
@@ -46,6 +48,7 @@ class LinkBench:
     devices: int
     rows: list[Calibration] = field(default_factory=list)
     holder: list[ReleaseCounts] = field(default_factory=list)  # its own release lateness
+    spells: list[HeldUp] = field(default_factory=list)  # when neither of its releasers ran
     steal: StealSampler | None = None  # steal sampled through the run, to tell it per profile
 
     @property
@@ -91,6 +94,7 @@ class LinkBench:
             rows = [r for r in self.rows if r.profile == name]
             counts = [self.holder_late_on(r) for r in rows]  # (released, late) per link
             missed = [(r.rtt_error_p99_ms or 0.0) > GOAL_P99_MS for r in rows]
+            spells = [h for h in self.spells if h.generation == rows[0].holder_generation]
             out.append(
                 ProfileTail(
                     profile=name,
@@ -101,6 +105,8 @@ class LinkBench:
                     released=sum(released for released, _ in counts),
                     by_backup=sum(q.by_backup for r in rows for q in self.holder_on(r)),
                     steal_ms=self._steal_during(rows[0]),
+                    held_up=sum(h.spells for h in spells),
+                    held_up_longest_ms=max((h.longest_ms for h in spells), default=0.0),
                 )
             )
         return out
@@ -156,6 +162,7 @@ def run_link_bench(
     variants = [("", ())] + ([(NO_BACKUP, ("--no-backup",))] if compare_backup else [])
     rows: list[Calibration] = []
     held: list[ReleaseCounts] = []
+    spells: list[HeldUp] = []
     with StealSampler() as steal:
         for name, profile in profiles.items():
             for suffix, flags in variants:
@@ -170,4 +177,7 @@ def run_link_bench(
                     )
                 if backend == "nfqueue":  # calibrate stopped the holder: its counts are in
                     held += release_counts(site)
-    return LinkBench(rtt_ms=rtt_ms, devices=len(site.devices), rows=rows, holder=held, steal=steal)
+                    spells += held_up(site)
+    return LinkBench(
+        rtt_ms=rtt_ms, devices=len(site.devices), rows=rows, holder=held, spells=spells, steal=steal
+    )

@@ -168,7 +168,8 @@ def link(
                     f"  {t.profile}: p99 |error| over {GOAL_P99_MS} ms on {t.missed} of "
                     f"{t.links} links; the holder released {t.late_all} of {t.released} "
                     f"packets late, {t.late_missed} of them on those links; its backup "
-                    f"released {t.by_backup}"
+                    f"released {t.by_backup}; both releasers held up at once {t.held_up} times"
+                    + (f" (the longest {t.held_up_longest_ms:.1f} ms)" if t.held_up else "")
                     + ("" if t.steal_ms is None else f"; steal {t.steal_ms:.0f} ms")
                 )
         _print_verdict(res.loss)

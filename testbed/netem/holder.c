@@ -34,6 +34,9 @@
  * Prints "ready" on stdout once every queue is bound; on SIGTERM/SIGINT releases what it holds,
  * prints per-queue counts on stderr and exits 0. Counts are per generation: a reload first
  * prints each queue's counts under the generation it replaces, then starts them afresh.
+ * With them comes one "held_up" line: the spells in which both releasers woke more than
+ * HELD_UP_NS after their timers, with overlapping delays (neither CPU ran them: on a VM, the
+ * hypervisor paused both virtual CPUs), how many, the longest and the total overlap.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -62,6 +65,7 @@
 #define STALL_NS 500000LL /* a main-thread release later than this says nothing of wake-ups */
 #define BACKUP_GRACE_NS 200000ULL /* the backup releases packets overdue by more than this */
 #define BACKUP_POLL_NS 2000000ULL /* ... and looks at least this often */
+#define HELD_UP_NS 1000000ULL /* a releaser waking later than this after its timer was held up */
 enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };
 static const char *DIST_NAMES[] = {"uniform", "normal", "pareto", "paretonormal"};
 
@@ -98,6 +102,12 @@ static pthread_mutex_t queues_lock = PTHREAD_MUTEX_INITIALIZER; /* queues[] chan
 static int backup_only; /* --backup-only: the main thread never releases */
 static uint64_t seed;
 static FILE *change_log;
+
+/* Late wake-ups per releaser (0 main, 1 backup): the last one's [timer, woke] */
+static _Atomic uint64_t late_from[2], late_to[2];
+static _Atomic uint64_t both_counted_to; /* end of the last spell counted (none twice) */
+static _Atomic unsigned long n_held_up;
+static _Atomic uint64_t held_up_max_ns, held_up_sum_ns;
 
 static uint64_t clock_ns(clockid_t c) {
     struct timespec t;
@@ -155,6 +165,32 @@ static void log_phase(queue_t *q, const phase_t *ph, unsigned long generation) {
 }
 
 static unsigned long generation;
+
+/* Releaser `who` armed its timer for `armed` and woke at `woke`: when late by more than
+ * HELD_UP_NS and the other releaser's last late wake-up overlaps it by as much, count one
+ * spell in which neither ran. */
+static void note_wake(int who, uint64_t armed, uint64_t woke) {
+    if (woke < armed + HELD_UP_NS) return;
+    late_from[who] = armed;
+    late_to[who] = woke;
+    uint64_t from = atomic_load(&late_from[!who]), to = atomic_load(&late_to[!who]);
+    uint64_t start = from > armed ? from : armed, end = to < woke ? to : woke;
+    if (end < start + HELD_UP_NS) return;
+    uint64_t counted = atomic_load(&both_counted_to);
+    if (start < counted || !atomic_compare_exchange_strong(&both_counted_to, &counted, end)) return;
+    n_held_up++;
+    held_up_sum_ns += end - start;
+    uint64_t was = atomic_load(&held_up_max_ns);
+    while (end - start > was && !atomic_compare_exchange_weak(&held_up_max_ns, &was, end - start)) {}
+}
+
+/* Print the held-up spells under the generation in force, and start afresh. */
+static void flush_held_up(void) {
+    fprintf(stderr, "held_up gen=%lu both=%lu longest_us=%.1f total_us=%.1f\n", generation,
+            (unsigned long)n_held_up, held_up_max_ns / 1e3, held_up_sum_ns / 1e3);
+    n_held_up = 0;
+    held_up_max_ns = held_up_sum_ns = 0;
+}
 
 /* Move each queue to the phase in force at `t`; returns the next phase change time. */
 static uint64_t advance_phases(uint64_t t) {
@@ -292,6 +328,7 @@ static void *backup_releaser(void *arg) {
         timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, NULL);
         uint64_t x;
         if (read(tfd, &x, sizeof x) < 0 && errno != EINTR) break;
+        note_wake(1, next, now_ns());
     }
     close(tfd);
     return NULL;
@@ -550,6 +587,7 @@ int main(int argc, char **argv) {
             reload = 0;
             pthread_mutex_lock(&queues_lock);
             for (int i = 0; i < n_queues; i++) flush_counts(queues[i]);
+            flush_held_up();
             int rc = load_spec(spec);
             pthread_mutex_unlock(&queues_lock);
             if (rc != 0) fprintf(stderr, "tb-holder: reload failed; kept going\n");
@@ -563,6 +601,7 @@ int main(int argc, char **argv) {
         }
         timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, NULL);
         int r = poll(pfd, 2, 500);
+        if (next != UINT64_MAX) note_wake(0, next, now_ns());
         if (r < 0 && errno == EINTR) continue;
         if (pfd[1].revents & POLLIN) {
             uint64_t x;
@@ -580,6 +619,7 @@ int main(int argc, char **argv) {
     if (backed) pthread_join(backup_thread, NULL);
     release(1);
     while (n_queues) drop_queue(n_queues - 1);
+    flush_held_up();
     nfq_close(nfq);
     return 0;
 }

@@ -10,7 +10,8 @@ namespace here, of a middlebox over SSH, and of each host of a lab impaired on i
 - `stop()`: SIGTERM (it releases what it holds), then SIGKILL if it lingers;
 - `release_counts()`: per queue and spec generation, what the holder released and how late its
   own timers let it release (its log: each reload writes the counts of the generation it
-  replaces, the stop those of the last), for the holder last started.
+  replaces, the stop those of the last), for the holder last started;
+- `held_up()`: per generation, the spells in which neither of its releasers ran (the same log).
 """
 
 from __future__ import annotations
@@ -44,6 +45,22 @@ COUNTS = re.compile(
     r"lost=\d+ full=\d+ late_us_mean=[\d.]+ late_us_max=(?P<max_us>[\d.]+) "
     r"late_over_500us=(?P<late>\d+) by_backup=(?P<backup>\d+) unstamped=(?P<unstamped>\d+)$"
 )
+HELD_UP = re.compile(
+    r"^held_up gen=(?P<gen>\d+) both=(?P<spells>\d+) longest_us=(?P<max_us>[\d.]+) "
+    r"total_us=(?P<sum_us>[\d.]+)$"
+)
+
+
+@dataclass(frozen=True)
+class HeldUp:
+    """Under one spec generation, the spells in which both of the holder's releasers woke more
+    than 1 ms after their timers with overlapping delays: neither CPU ran them (on a VM, the
+    hypervisor paused both), so every packet due then went out late."""
+
+    generation: int
+    spells: int
+    longest_ms: float
+    total_ms: float
 
 
 @dataclass(frozen=True)
@@ -88,12 +105,28 @@ def flags_for_holders(flags: tuple[str, ...]) -> Iterator[None]:
             os.environ[FLAGS_ENV] = was
 
 
+def _last_run(log: str) -> str:
+    """The part of the holder's log written by the holder last started."""
+    return log.rsplit(START_MARK, 1)[-1]
+
+
+def parse_held_up(log: str) -> list[HeldUp]:
+    """The held-up spells per generation the holder last started wrote to its log."""
+    found = (HELD_UP.match(line.strip()) for line in _last_run(log).splitlines())
+    return [
+        HeldUp(
+            int(m["gen"]), int(m["spells"]), float(m["max_us"]) / 1000, float(m["sum_us"]) / 1000
+        )
+        for m in found
+        if m
+    ]
+
+
 def parse_release_counts(log: str) -> list[ReleaseCounts]:
     """The per-queue counts the holder last started wrote to its log (lines of other kinds,
     and of earlier holders, are skipped)."""
-    last_run = log.rsplit(START_MARK, 1)[-1]
     out = []
-    for line in last_run.splitlines():
+    for line in _last_run(log).splitlines():
         m = COUNTS.match(line.strip())
         if m:
             out.append(
@@ -226,6 +259,11 @@ class HolderProcess:
         (written at each reload for the generation it replaces, and when it stopped); the
         running generation's counts are not there yet."""
         return parse_release_counts(self._read(self.log))
+
+    def held_up(self) -> list[HeldUp]:
+        """Per generation, the spells in which neither releaser of the holder last started
+        ran (written with the release counts)."""
+        return parse_held_up(self._read(self.log))
 
     def link_changes(self) -> list[dict[str, Any]]:
         """Every profile change the holder applied (one dict per link direction and phase,

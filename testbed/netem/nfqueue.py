@@ -31,7 +31,7 @@ from testbed.lab.interface import LinkSite
 from testbed.lab.spec import MAX_DEVICES, LabHost
 from testbed.lab.system import SystemRunner
 from testbed.netem import shaper
-from testbed.netem.holder_process import HolderProcess, ReleaseCounts
+from testbed.netem.holder_process import HeldUp, HolderProcess, ReleaseCounts
 from testbed.netem.paths import PathLinks, htb_plan, impaired_paths
 from testbed.netem.profile import LinkProfile
 from testbed.netem.schedule import timeline
@@ -120,6 +120,11 @@ def site_holder(lab: LinkSite, runner: SystemRunner) -> HolderProcess:
 def release_counts(lab: LinkSite) -> list[ReleaseCounts]:
     """Per queue of `lab`'s holder: packets released and how late, once it has stopped."""
     return site_holder(lab, lab.runner).release_counts()
+
+
+def held_up(lab: LinkSite) -> list[HeldUp]:
+    """Per generation of `lab`'s holder: the spells in which neither releaser ran."""
+    return site_holder(lab, lab.runner).held_up()
 
 
 def link_changes(lab: LinkSite) -> list[dict[str, object]]:
