@@ -65,7 +65,7 @@
 #define STALL_NS 500000LL /* a main-thread release later than this says nothing of wake-ups */
 #define BACKUP_GRACE_NS 200000ULL /* the backup releases packets overdue by more than this */
 #define BACKUP_POLL_NS 2000000ULL /* ... and looks at least this often */
-#define HELD_UP_NS 1000000ULL /* a releaser waking later than this after its timer was held up */
+#define HELD_UP_NS 500000ULL /* a releaser waking later than this after its timer was held up */
 enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };
 static const char *DIST_NAMES[] = {"uniform", "normal", "pareto", "paretonormal"};
 
@@ -252,11 +252,13 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     return 0;
 }
 
-/* Accept the held packets of q due by `cutoff` (all if `all`) with one batch verdict; `t` is
- * now, `by_main` says which releaser runs it. The run is read before it is taken (a compare and
- * swap of head), since the main thread may refill its slots as soon as it is taken. */
-static void release_queue(queue_t *q, int all, uint64_t cutoff, uint64_t t, int by_main) {
+/* Accept the held packets of q due by `cutoff` (all if `all`) with one batch verdict; `by_main`
+ * says which releaser runs it. Lateness counts to when the run is read (after the verdicts of
+ * the queues before it in this pass). The run is read before it is taken (a compare and swap
+ * of head), since the main thread may refill its slots as soon as it is taken. */
+static void release_queue(queue_t *q, int all, uint64_t cutoff, int by_main) {
     for (;;) {
+        uint64_t t = now_ns();
         size_t head = atomic_load(&q->head), tail = atomic_load(&q->tail), end = head;
         uint32_t last = 0;
         uint64_t sum = 0, worst = 0;
@@ -297,7 +299,7 @@ static uint64_t release(int all) {
     if (backup_only && !all) return next;
     for (int i = 0; i < n_queues; i++) {
         queue_t *q = queues[i];
-        release_queue(q, all, t, t, 1);
+        release_queue(q, all, t, 1);
         size_t head = atomic_load(&q->head);
         if (head != atomic_load(&q->tail) && q->ring[head].due < next) next = q->ring[head].due;
     }
@@ -315,7 +317,7 @@ static void *backup_releaser(void *arg) {
         pthread_mutex_lock(&queues_lock);
         for (int i = 0; i < n_queues; i++) {
             queue_t *q = queues[i];
-            release_queue(q, 0, t - BACKUP_GRACE_NS, t, 0);
+            release_queue(q, 0, t - BACKUP_GRACE_NS, 0);
             size_t head = atomic_load(&q->head);
             if (head != atomic_load(&q->tail) && q->ring[head].due + BACKUP_GRACE_NS < next)
                 next = q->ring[head].due + BACKUP_GRACE_NS; /* a hint: the slot may be refilled */
@@ -386,7 +388,7 @@ static void flush_counts(queue_t *q) {
 static void drop_queue(int i) {
     queue_t *q = queues[i];
     uint64_t t = now_ns();
-    release_queue(q, 1, t, t, 1);
+    release_queue(q, 1, t, 1);
     flush_counts(q);
     nfq_destroy_queue(q->qh);
     free(q->ring);

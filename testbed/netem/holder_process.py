@@ -54,8 +54,9 @@ HELD_UP = re.compile(
 @dataclass(frozen=True)
 class HeldUp:
     """Under one spec generation, the spells in which both of the holder's releasers woke more
-    than 1 ms after their timers with overlapping delays: neither ran (on a VM, the hypervisor
-    held up both virtual CPUs), so every packet due then went out late."""
+    than 0.5 ms (the p99 goal) after their timers with delays overlapping by as much: neither
+    ran (on a VM, the hypervisor held up both virtual CPUs), so every packet due then went out
+    late."""
 
     generation: int
     spells: int
