@@ -205,6 +205,20 @@ def test_probe_responder_reports_each_echos_send_lag() -> None:
     assert len(json.loads(sent.stdout)["rtt_ms"]) == 50
 
 
+def test_probe_moves_kernel_wall_clock_stamps_to_the_monotonic_clock() -> None:
+    """Differences are taken on the monotonic clock, so a stepped wall clock does not count."""
+    import struct
+    import time
+
+    from testbed.netem.udp_probe import SO_TIMESTAMPNS, _recv_time
+
+    wall = time.time_ns() - 2_000_000  # the kernel stamped it 2 ms ago, on the wall clock
+    anc = [(socket.SOL_SOCKET, SO_TIMESTAMPNS, struct.pack("qq", *divmod(wall, 1_000_000_000)))]
+    got, mono_now = _recv_time(anc), time.monotonic_ns()
+    assert 1_000_000 < mono_now - got < 50_000_000  # about 2 ms before now, monotonic
+    assert _recv_time([]) <= time.monotonic_ns()  # none: now, monotonic too
+
+
 def test_unimpaired_link_is_fast(lab: EmulatedLab) -> None:
     res = probe_link(lab, "dev1", count=50, interval_ms=5)
     assert res.received_back == 50 and res.rtt_ms is not None and res.rtt_ms.p50 < 5

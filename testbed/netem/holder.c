@@ -25,7 +25,10 @@
  * A backup releaser thread, pinned to another CPU than the main thread, releases what is more
  * than BACKUP_GRACE_NS overdue: on a VM the hypervisor takes one virtual CPU at a time for
  * milliseconds (steal), and the other then releases on time. Each release is one batch verdict
- * (every held packet of the queue up to the last one due), so two releasers never reorder;
+ * (every held packet of the queue up to the last one due), and one releaser at a time releases a
+ * queue (the other skips it until that verdict has returned), so two releasers never reorder:
+ * a verdict passes its packets on inside the call, and a releaser stalled there must not be
+ * overtaken by the other passing on later packets of the same queue from its own CPU;
  * --no-backup runs the main thread alone, --backup-only leaves every release to the backup
  * (both to measure one releaser alone).
  *
@@ -65,6 +68,7 @@
 #define STALL_NS 500000LL /* a main-thread release later than this says nothing of wake-ups */
 #define BACKUP_GRACE_NS 200000ULL /* the backup releases packets overdue by more than this */
 #define BACKUP_POLL_NS 2000000ULL /* ... and looks at least this often */
+#define BUSY_RETRY_NS 50000ULL /* a queue the other releaser is releasing: look again after */
 #define HELD_UP_NS 500000ULL /* a releaser waking later than this after its timer was held up */
 enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };
 static const char *DIST_NAMES[] = {"uniform", "normal", "pareto", "paretonormal"};
@@ -88,6 +92,7 @@ typedef struct {
     held_t *ring;
     size_t cap;
     _Atomic size_t head, tail; /* head: taken by either releaser; tail: by the main thread */
+    _Atomic int releasing;     /* a releaser holds the queue: from reading its run to the verdict */
     unsigned long n_in, n_lost, n_full, n_unstamped; /* unstamped: held from when it was read */
     _Atomic unsigned long n_out, n_late500, n_backup; /* n_late500: released >0.5 ms late */
     _Atomic uint64_t late_ns_sum, late_ns_max;        /* n_backup: released by the backup */
@@ -253,43 +258,46 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
 }
 
 /* Accept the held packets of q due by `cutoff` (all if `all`) with one batch verdict; `by_main`
- * says which releaser runs it. Lateness counts to when the run is read (after the verdicts of
- * the queues before it in this pass). The run is read before it is taken (a compare and swap
- * of head), since the main thread may refill its slots as soon as it is taken. */
-static void release_queue(queue_t *q, int all, uint64_t cutoff, int by_main) {
-    for (;;) {
-        uint64_t t = now_ns();
-        size_t head = atomic_load(&q->head), tail = atomic_load(&q->tail), end = head;
-        uint32_t last = 0;
-        uint64_t sum = 0, worst = 0;
-        unsigned long n = 0, late500 = 0;
-        while (end != tail && (all || q->ring[end].due <= cutoff)) {
-            int64_t late = (int64_t)(t - q->ring[end].due);
-            if (late < 0) late = 0;
-            sum += (uint64_t)late;
-            if ((uint64_t)late > worst) worst = (uint64_t)late;
-            late500 += late > 500000;
-            last = q->ring[end].id;
-            n++;
-            end = (end + 1) % q->cap;
-        }
-        if (n == 0) return;
-        if (!atomic_compare_exchange_strong(&q->head, &head, end)) continue; /* the other took */
+ * says which releaser runs it. Returns 1 (and does nothing) while the other releaser holds q.
+ * Lateness counts to when the run is read (after the verdicts of the queues before it in this
+ * pass). The run is read before head moves past it, since the main thread may refill its slots
+ * as soon as it has. */
+static int release_queue(queue_t *q, int all, uint64_t cutoff, int by_main) {
+    int idle = 0;
+    if (!atomic_compare_exchange_strong(&q->releasing, &idle, 1)) return 1;
+    uint64_t t = now_ns();
+    size_t head = atomic_load(&q->head), tail = atomic_load(&q->tail), end = head;
+    uint32_t last = 0;
+    uint64_t sum = 0, worst = 0;
+    unsigned long n = 0, late500 = 0;
+    while (end != tail && (all || q->ring[end].due <= cutoff)) {
+        int64_t late = (int64_t)(t - q->ring[end].due);
+        if (late < 0) late = 0;
+        sum += (uint64_t)late;
+        if ((uint64_t)late > worst) worst = (uint64_t)late;
+        late500 += late > 500000;
+        last = q->ring[end].id;
+        n++;
+        end = (end + 1) % q->cap;
+    }
+    if (n > 0) {
+        atomic_store(&q->head, end);
         nfq_set_verdict_batch(q->qh, last, NF_ACCEPT);
         q->n_out += n;
-        if (all) return;
-        q->late_ns_sum += sum;
-        q->n_late500 += late500;
-        if (!by_main) q->n_backup += n;
-        uint64_t was = atomic_load(&q->late_ns_max);
-        while (worst > was && !atomic_compare_exchange_weak(&q->late_ns_max, &was, worst)) {}
-        if (by_main && (int64_t)(sum / n) <= STALL_NS) {
-            int64_t mean = (int64_t)(sum / n);
-            wake_late_ns += (mean - wake_late_ns) / 16;
-            if (wake_late_ns > MAX_EARLY_NS) wake_late_ns = MAX_EARLY_NS;
-        }
-        return;
     }
+    atomic_store(&q->releasing, 0);
+    if (n == 0 || all) return 0;
+    q->late_ns_sum += sum;
+    q->n_late500 += late500;
+    if (!by_main) q->n_backup += n;
+    uint64_t was = atomic_load(&q->late_ns_max);
+    while (worst > was && !atomic_compare_exchange_weak(&q->late_ns_max, &was, worst)) {}
+    if (by_main && (int64_t)(sum / n) <= STALL_NS) {
+        int64_t mean = (int64_t)(sum / n);
+        wake_late_ns += (mean - wake_late_ns) / 16;
+        if (wake_late_ns > MAX_EARLY_NS) wake_late_ns = MAX_EARLY_NS;
+    }
+    return 0;
 }
 
 /* Main thread: accept every held packet that is due (all if `all`); returns the earliest due
@@ -299,7 +307,10 @@ static uint64_t release(int all) {
     if (backup_only && !all) return next;
     for (int i = 0; i < n_queues; i++) {
         queue_t *q = queues[i];
-        release_queue(q, all, t, 1);
+        if (release_queue(q, all, t, 1)) { /* the backup is releasing it */
+            if (t + BUSY_RETRY_NS < next) next = t + BUSY_RETRY_NS;
+            continue;
+        }
         size_t head = atomic_load(&q->head);
         if (head != atomic_load(&q->tail) && q->ring[head].due < next) next = q->ring[head].due;
     }
@@ -317,7 +328,10 @@ static void *backup_releaser(void *arg) {
         pthread_mutex_lock(&queues_lock);
         for (int i = 0; i < n_queues; i++) {
             queue_t *q = queues[i];
-            release_queue(q, 0, t - BACKUP_GRACE_NS, 0);
+            if (release_queue(q, 0, t - BACKUP_GRACE_NS, 0)) { /* the main thread is */
+                if (t + BUSY_RETRY_NS < next) next = t + BUSY_RETRY_NS;
+                continue;
+            }
             size_t head = atomic_load(&q->head);
             if (head != atomic_load(&q->tail) && q->ring[head].due + BACKUP_GRACE_NS < next)
                 next = q->ring[head].due + BACKUP_GRACE_NS; /* a hint: the slot may be refilled */

@@ -19,7 +19,10 @@ turnaround: its own kernel receive timestamp to the kernel transmit timestamp of
 echo carries the turnaround up to just before it is sent; the rest (the send itself, and any
 preemption during it) is the echo's send lag, which the responder reports at the end and the
 caller (`probe_packets`) subtracts. So how soon a busy CPU schedules the sender or the
-responder is not counted as link delay.
+responder is not counted as link delay. The kernel stamps wall-clock time; each stamp is moved to
+the monotonic clock as soon as it is read, and every difference is taken there, so a wall clock
+that is stepped or slewed meanwhile (time sync, or a VM catching up after a pause) does not
+count either.
 
 `--user-rx` (both ends) takes receive times in user space instead: where packets are held on
 the receiving host's ingress (a lab impaired on its hosts), the kernel stamps them on arrival,
@@ -91,7 +94,7 @@ def echo(args: argparse.Namespace) -> int:
         if len(data) < HEADER.size:
             continue
         kind, seq, tx, _ = HEADER.unpack_from(data)
-        now = time.time_ns()
+        now = time.monotonic_ns()
         ident = next(ids)
         if kind == b"M":
             seen.append(seq)
@@ -120,25 +123,31 @@ def _drain_tx_stamps(
             send_lag[seq] = max(0, stamp - taken)
 
 
+def _monotonic(wall_ns: int) -> int:
+    """A wall-clock (kernel) timestamp on the monotonic clock, by their offset now."""
+    return wall_ns - (time.time_ns() - time.monotonic_ns())
+
+
 def _recv_time(anc: list[tuple[int, int, bytes]], user: bool = False) -> int:
-    """The kernel receive timestamp in `anc`; the time now when `user` or when it has none."""
+    """The kernel receive timestamp in `anc` (monotonic ns); now when `user` or when it has
+    none."""
     if user:
-        return time.time_ns()
+        return time.monotonic_ns()
     for level, kind, payload in anc:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
             sec, nsec = struct.unpack("qq", payload[:16])
             if sec:
-                return sec * 1_000_000_000 + nsec
-    return time.time_ns()
+                return _monotonic(sec * 1_000_000_000 + nsec)
+    return time.monotonic_ns()
 
 
 def _tx_stamp(anc: list[tuple[int, int, bytes]]) -> tuple[int | None, int | None]:
-    """(OPT_ID counter, software transmit time in ns) of one error-queue message."""
+    """(OPT_ID counter, software transmit time in monotonic ns) of one error-queue message."""
     ident = stamp = None
     for level, kind, payload in anc:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(payload) >= 16:
             sec, nsec = struct.unpack("qq", payload[:16])
-            stamp = sec * 1_000_000_000 + nsec if sec else None
+            stamp = _monotonic(sec * 1_000_000_000 + nsec) if sec else None
         elif level == socket.SOL_IP and kind == IP_RECVERR and len(payload) >= EXTENDED_ERR.size:
             ident = EXTENDED_ERR.unpack_from(payload)[6]
     return ident, stamp
@@ -168,7 +177,7 @@ def send(args: argparse.Namespace) -> int:
         ident = next(ids)
         if kind == b"M":
             sent_ids[ident] = seq
-        sock.sendto(HEADER.pack(kind, seq, time.time_ns(), 0) + payload, dst)
+        sock.sendto(HEADER.pack(kind, seq, time.monotonic_ns(), 0) + payload, dst)
 
     def drain() -> None:
         while True:
