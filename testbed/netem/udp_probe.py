@@ -41,6 +41,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Iterator
 
 from testbed.netem.realtime import set_realtime
 
@@ -100,25 +101,33 @@ def echo(args: argparse.Namespace) -> int:
             seen.append(seq)
             sent_ids[ident] = (seq, now)
         sock.sendto(HEADER.pack(kind, seq, tx, max(0, now - rx)) + data[HEADER.size :], addr)
-        _drain_tx_stamps(sock, sent_ids, send_lag)
+        _note_send_lags(sock, sent_ids, send_lag)
     time.sleep(0.01)  # the last echo's stamp
-    _drain_tx_stamps(sock, sent_ids, send_lag)
+    _note_send_lags(sock, sent_ids, send_lag)
     out = {"received": list(dict.fromkeys(seen)), "send_lag_ns": send_lag}  # arrival order
     print(json.dumps(out), flush=True)
     return 0
 
 
-def _drain_tx_stamps(
-    sock: socket.socket, sent_ids: dict[int, tuple[int, int]], send_lag: dict[int, int]
-) -> None:
-    """Read the echo socket's transmit timestamps; each measurement echo's send lag."""
+def _tx_stamps(sock: socket.socket) -> Iterator[tuple[int, int]]:
+    """(OPT_ID, kernel transmit time in monotonic ns) of each datagram stamped since the last
+    call, read from the socket's error queue without waiting."""
     while True:
         try:
             _, anc, _, _ = sock.recvmsg(0, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
         except OSError:  # BlockingIOError: none left
             return
         ident, stamp = _tx_stamp(anc)
-        if ident in sent_ids and stamp is not None:
+        if ident is not None and stamp is not None:
+            yield ident, stamp
+
+
+def _note_send_lags(
+    sock: socket.socket, sent_ids: dict[int, tuple[int, int]], send_lag: dict[int, int]
+) -> None:
+    """Each measurement echo stamped since the last call: its send lag."""
+    for ident, stamp in _tx_stamps(sock):
+        if ident in sent_ids:
             seq, taken = sent_ids.pop(ident)
             send_lag[seq] = max(0, stamp - taken)
 
@@ -180,13 +189,8 @@ def send(args: argparse.Namespace) -> int:
         sock.sendto(HEADER.pack(kind, seq, time.monotonic_ns(), 0) + payload, dst)
 
     def drain() -> None:
-        while True:
-            try:
-                _, anc, _, _ = sock.recvmsg(0, 512, socket.MSG_ERRQUEUE)
-            except (BlockingIOError, OSError):
-                break
-            ident, stamp = _tx_stamp(anc)
-            if ident in sent_ids and stamp is not None:
+        for ident, stamp in _tx_stamps(sock):
+            if ident in sent_ids:
                 tx_kernel[sent_ids[ident]] = stamp
         while True:
             try:
