@@ -115,19 +115,59 @@ def test_spells_when_neither_releaser_ran_are_read_per_generation() -> None:
         "late_over_500us=0 by_backup=0 unstamped=0",
         "held_up gen=5 both=0 longest_us=0.0 total_us=0.0",
         "held_up gen=x both=1",  # not a held-up line: skipped
+        "held_up_spell gen=4 from_ns=1000 to_ns=5000",
+        "held_up_spell gen=4 from_ns=9000 to_ns=9600",
+        "held_up_spell gen=5 from_ns=x to_ns=1",  # not a spell line: skipped
     ])  # fmt: skip
-    assert parse_held_up(log) == [HeldUp(4, 2, 4.6705, 6.1), HeldUp(5, 0, 0.0, 0.0)]
+    four = HeldUp(4, 2, 4.6705, 6.1, ((1000, 5000), (9000, 9600)))
+    assert parse_held_up(log) == [four, HeldUp(5, 0, 0.0, 0.0)]
+
+
+def test_round_trips_a_held_up_spell_met_are_told_apart() -> None:
+    """A round trip is left out of the untouched p99 when either leg was due in a spell of
+    its profile's generation, or within the p99 goal before one; the others are kept."""
+    from testbed.netem.holder_process import HeldUp
+
+    ms = 1_000_000
+    legs = [  # (left the device, echo left the server) ns, |error| ms; each leg due 42.5 ms on
+        (0, 50 * ms, 0.1),  # due at 42.5 and 92.5 ms: clear of the spell
+        (960 * ms, 1010 * ms, 9.0),  # up due at 1002.5 ms: in the spell
+        (1000 * ms, 1057.7 * ms, 5.0),  # down due at 1100.2 ms: 0.3 ms before it -> touched
+        (2000 * ms, 2050 * ms, 0.3),  # clear
+        (1000 * ms, 1056 * ms, 0.2),  # down due 1098.5 ms: 1.5 ms before the spell: clear
+    ]
+    row = Calibration.model_construct(
+        profile="a", device="dev1", holder_generation=3, requested=LinkProfile(rtt_ms=85),
+        echo_legs=legs, loss_down=None, rtt_error_p99_ms=8.0, started_at=0.0, ended_at=3.0,
+    )  # fmt: skip
+    spells = [HeldUp(3, 2, 5.0, 10.0, ((1000 * ms, 1005 * ms), (1100.5 * ms, 1105 * ms)))]
+    other = [HeldUp(2, 1, 5.0, 5.0, ((1000 * ms, 1005 * ms),))]  # another profile's
+    bench = LinkBench(85, 1, [row], spells=spells)  # type: ignore[list-item]
+    assert sorted(bench.untouched_errors(row).tolist()) == [0.1, 0.2, 0.3]  # type: ignore[union-attr]
+    assert bench.worst_untouched([row]) == (pytest.approx(0.298), 3)
+    assert bench.worst_p99_untouched_ms == pytest.approx(0.298)
+    assert len(LinkBench(85, 1, [row], spells=other).untouched_errors(row)) == 5  # type: ignore[arg-type]
+    # the holder counted a spell it did not list: which round trips it met is unknown
+    unlisted = [HeldUp(3, 3, 5.0, 10.0, spells[0].windows)]
+    assert LinkBench(85, 1, [row], spells=unlisted).worst_untouched([row]) == (None, 0)  # type: ignore[list-item]
 
 
 def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_missed() -> None:
+    from testbed.netem.calibrate import LossCheck
     from testbed.netem.holder_process import HeldUp, ReleaseCounts
 
-    def row(profile: str, device: str, p99: float, gen: int) -> Calibration:
+    def row(profile: str, device: str, p99: float, gen: int, echoes: int = 500) -> Calibration:
         return Calibration.model_construct(
-            profile=profile, device=device, rtt_error_p99_ms=p99, holder_generation=gen
+            profile=profile,
+            device=device,
+            rtt_error_p99_ms=p99,
+            holder_generation=gen,
+            loss_down=LossCheck.model_construct(of=echoes + 40, lost=40),
+            started_at=100.0 * gen,
+            ended_at=100.0 * gen + 2.5,
         )
 
-    rows = [row("a", "dev1", 0.9, 1), row("a", "dev2", 0.1, 1), row("b", "dev1", 0.2, 2)]
+    rows = [row("a", "dev1", 0.9, 1), row("a", "dev2", 0.1, 1, 480), row("b", "dev1", 0.2, 2)]
     counts = [
         ReleaseCounts(1, "dev1", "up", 1, 100, 3, 1.2, by_backup=2),
         ReleaseCounts(2, "dev1", "down", 1, 100, 1, 0.7, unstamped=4),
@@ -151,10 +191,23 @@ def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_mi
     assert (b.missed, b.late_all, b.late_missed) == (0, 2, 0)
     assert (a.by_backup, b.by_backup) == (2, 0)
     assert (a.held_up, a.held_up_longest_ms, b.held_up, b.held_up_longest_ms) == (3, 4.7, 0, 0.0)
+    # 6 ms held up in the 2.5 s the profile was probed; the p99 rests on dev2's 480 echoes
+    assert (a.held_up_ms, a.probed_s, a.held_up_share) == (6.0, 2.5, pytest.approx(0.0024))
+    assert (a.fewest_echoes, b.fewest_echoes, b.held_up_share) == (480, 500, 0.0)
     assert bench.holder_unstamped == 4
     # the no-backup comparison rows are shown, not judged against the goals
     compared = LinkBench(85, 2, [*rows, row("a no-backup", "dev1", 9.0, 3)])  # type: ignore[list-item]
     assert compared.worst_p99_error_ms == 0.9
+
+
+@pytest.mark.parametrize(
+    ("loss", "sent"),
+    [(0.0, 500), (0.01, 511), (0.1, 618), (0.5, 2000), (0.8, 2000), (1.0, 500)],
+)
+def test_lossy_links_are_sent_enough_packets_for_the_echoes_wanted(loss: float, sent: int) -> None:
+    from testbed.bench.link import packets_for
+
+    assert packets_for(LinkProfile(rtt_ms=85, loss=loss), 500) == sent
 
 
 def test_holder_flags_come_from_the_environment_and_unknown_ones_are_named(monkeypatch) -> None:

@@ -172,13 +172,15 @@ def _bound(figure, level: float = 0.999) -> bool:
     return stats.loss_within(figure.lost, figure.of, figure.requested, level)
 
 
-def test_probe_responder_reports_each_echos_send_lag() -> None:
+def test_probe_responder_reports_each_echos_send_lag_and_both_ends_their_send_times() -> None:
     """On loopback: the responder tells, per measurement echo, how long the echo took to leave
-    after the turnaround it carries was taken (the caller subtracts it from the RTT)."""
+    after the turnaround it carries was taken (the caller subtracts it from the RTT), and when
+    it left; the sender when each datagram left (monotonic ns: the legs a stall can meet)."""
     import json
     import signal
     import subprocess
     import sys
+    import time
 
     from testbed.netem.probe import SCRIPT
 
@@ -202,7 +204,18 @@ def test_probe_responder_reports_each_echos_send_lag() -> None:
     lags = {int(k): v for k, v in told["send_lag_ns"].items()}
     assert sorted(lags) == list(range(50))
     assert all(0 <= v < 50_000_000 for v in lags.values()), lags
-    assert len(json.loads(sent.stdout)["rtt_ms"]) == 50
+    result = json.loads(sent.stdout)
+    assert len(result["rtt_ms"]) == 50
+    went = {int(k): v for k, v in result["sent_ns"].items()}
+    back = {int(k): v for k, v in told["sent_ns"].items()}
+    assert sorted(went) == sorted(back) == list(range(50))
+    now = time.monotonic_ns()
+    for seq in range(50):  # on one clock: each echo left after its datagram, in order
+        assert 0 < back[seq] - went[seq] < 1e9
+        assert now - 60e9 < went[seq] < back[seq] < now
+    assert all(back[s] < back[s + 1] for s in range(49))
+    assert all(went[s] < went[s + 1] for s in range(49))
+    assert 50e6 < went[49] - went[0] < 10e9  # sent every 2 ms: 98 ms from first to last
 
 
 def test_probe_moves_kernel_wall_clock_stamps_to_the_monotonic_clock() -> None:
@@ -383,6 +396,59 @@ def test_holder_holds_both_directions_from_their_kernel_arrival_time(lab: Emulat
     counts = [c for c in release_counts(lab) if c.link == "dev1"]
     assert sorted(c.direction for c in counts) == ["down", "up"], counts
     assert all(c.released >= 200 and c.unstamped == 0 for c in counts), counts
+
+
+def test_a_stopped_holder_is_held_up_and_the_round_trips_it_delayed_are_told_apart(
+    lab: EmulatedLab,
+) -> None:
+    """Stopping the holder for 30 ms (SIGSTOP, as a hypervisor pausing the VM would) is one
+    held-up spell covering the stop, and every round trip with a leg due in the stop is left
+    out of the untouched p99, while most of the others are kept."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from testbed.bench.link import LinkBench
+    from testbed.netem.calibrate import analyse
+    from testbed.netem.nfqueue import held_up, site_holder
+
+    clear(lab)
+    prof = LinkProfile(rtt_ms=20)
+    imp = apply(lab, prof, ["dev1"], backend="nfqueue")
+    pid = site_holder(lab, lab.runner).pid()
+    assert pid is not None
+    got: list = []
+    probe = threading.Thread(
+        target=lambda: got.append(probe_packets(lab, "dev1", count=400, interval_ms=2))
+    )
+    probe.start()
+    time.sleep(0.6)  # warm-up (about 0.2 s), then well inside the 0.8 s of probing
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic_ns()
+    time.sleep(0.03)
+    resumed = time.monotonic_ns()
+    os.kill(pid, signal.SIGCONT)
+    probe.join()
+    clear(lab)
+    spells = [h for h in held_up(lab) if h.generation == imp.backend_state["holder_generation"]]
+    covering = [
+        (a, b) for h in spells for a, b in h.windows if a <= stopped + 5e6 and b >= resumed - 1e6
+    ]
+    assert covering, (stopped, resumed, spells)
+    row = analyse("stopped", "nfqueue", prof, got[0])
+    row.holder_generation = imp.backend_state["holder_generation"]
+    legs = row.echo_legs
+    due = 10_000_000  # one way
+    hit = [
+        leg for leg in legs
+        if any(stopped + 1e6 < t + due < resumed - 1e6 for t in leg[:2])
+    ]  # fmt: skip
+    assert len(hit) >= 10 and all(err > 1.0 for *_, err in hit), hit  # released after the stop
+    kept = LinkBench(20, 1, [row], spells=spells).untouched_errors(row)
+    assert kept is not None
+    assert len(kept) <= len(legs) - len(hit)
+    assert len(kept) >= 0.7 * len(legs), (len(kept), len(legs))
 
 
 def test_gilbert_elliott_loss_comes_in_bursts(clean_links: EmulatedLab) -> None:

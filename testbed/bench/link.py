@@ -10,7 +10,10 @@ more than a 95 % interval allows).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from testbed.lab.interface import LinkSite
 from testbed.metrics.steal import StealSampler
@@ -22,6 +25,17 @@ from testbed.netem.profile import LinkProfile
 LOSSES = (0.0, 0.01, 0.05, 0.1, 0.5, 1.0)
 GOAL_MEDIAN_MS, GOAL_P99_MS = 0.2, 0.5
 NO_BACKUP = " no-backup"  # suffix of the profiles measured with the holder's main thread alone
+MAX_SEND_FACTOR = 4  # at most this many packets per echo wanted (4 covers 50 % loss each way)
+
+
+def packets_for(profile: LinkProfile, echoes: int) -> int:
+    """Packets to send on a link so that about `echoes` round trips survive its loss, up to
+    MAX_SEND_FACTOR times as many (a link that loses everything is sent `echoes`): a p99 over
+    the 125 echoes 50 % loss each way leaves of 500 packets would be the second-worst RTT."""
+    survive = 1 - profile.round_trip_loss
+    if survive <= 0:
+        return echoes
+    return min(MAX_SEND_FACTOR * echoes, math.ceil(echoes / survive))
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,21 @@ class ProfileTail:
     steal_ms: float | None  # CPU time the hypervisor took while the profile was probed
     held_up: int = 0  # spells in which neither of the holder's releasers ran
     held_up_longest_ms: float = 0.0
+    held_up_ms: float = 0.0  # ... their total
+    probed_s: float = 0.0  # how long the profile's probes ran (all links at once)
+    fewest_echoes: int = 0  # round trips on the link with the fewest (its p99 rests on them)
+    # the worst link's p99 |RTT error| over the round trips no held-up spell met, and how many
+    # of all links' round trips those were (None: the holder listed too few of its spells)
+    p99_untouched_ms: float | None = None
+    untouched: int = 0
+    echoes: int = 0
+
+    @property
+    def held_up_share(self) -> float:
+        """Fraction of the probing time in which neither releaser ran. Every packet due then
+        leaves late, and a round trip crosses the holder twice, so a share near 0.5 % alone
+        puts about 1 % of round trips over the goal: the p99 cannot be met."""
+        return self.held_up_ms / 1000 / self.probed_s if self.probed_s > 0 else 0.0
 
 
 @dataclass
@@ -86,6 +115,43 @@ class LinkBench:
         mine = self.holder_on(row)
         return sum(q.released for q in mine), sum(q.late_over_500us for q in mine)
 
+    def windows_of(self, row: Calibration) -> list[tuple[int, int]] | None:
+        """The held-up spells while row's profile was loaded (CLOCK_MONOTONIC ns); None when
+        the holder counted more than it listed."""
+        mine = [h for h in self.spells if h.generation == row.holder_generation]
+        if any(h.spells > len(h.windows) for h in mine):
+            return None
+        return [w for h in mine for w in h.windows]
+
+    def untouched_errors(self, row: Calibration) -> np.ndarray | None:
+        """|RTT error| (ms) of row's round trips none of whose legs was due in a held-up spell
+        or within the p99 goal of one (due just before, it was not yet released when neither
+        releaser ran; just after, it goes out behind the backlog released when the spell
+        ends); None when the spells are not all known."""
+        windows = self.windows_of(row)
+        if windows is None:
+            return None
+        legs = np.array(row.echo_legs, dtype=float).reshape(-1, 3)
+        if not windows:
+            return legs[:, 2]
+        spread = (row.requested.one_way_ms + np.array([-1, 1]) * row.requested.jitter_ms) * 1e6
+        start, end = np.array(windows, dtype=float).T
+        start, end = start - GOAL_P99_MS * 1e6, end + GOAL_P99_MS * 1e6
+        touched = np.zeros(len(legs), dtype=bool)
+        for sent in (legs[:, 0], legs[:, 1]):  # up leg, down leg: due within `spread` of sent
+            early, late = sent[:, None] + spread[0], sent[:, None] + spread[1]
+            touched |= ((early <= end) & (late >= start)).any(axis=1)
+        return legs[~touched, 2]
+
+    def worst_untouched(self, rows: list[Calibration]) -> tuple[float | None, int]:
+        """(the worst p99 of `untouched_errors` over `rows` with any, how many such errors in
+        all); the p99 is None when some row's spells are not all known or none is left."""
+        errors = [self.untouched_errors(r) for r in rows]
+        known = [e for e in errors if e is not None]
+        p99s = [float(np.percentile(e, 99)) for e in known if len(e)]
+        worst = max(p99s) if p99s and len(known) == len(errors) else None
+        return worst, sum(len(e) for e in known)
+
     def tails(self) -> list[ProfileTail]:
         """Per profile: the links whose p99 RTT error missed the goal, and how many packets
         the holder itself released late on them and on all links (its share of the tail)."""
@@ -95,6 +161,7 @@ class LinkBench:
             counts = [self.holder_late_on(r) for r in rows]  # (released, late) per link
             missed = [(r.rtt_error_p99_ms or 0.0) > GOAL_P99_MS for r in rows]
             spells = [h for h in self.spells if h.generation == rows[0].holder_generation]
+            untouched = self.worst_untouched(rows)
             out.append(
                 ProfileTail(
                     profile=name,
@@ -107,6 +174,12 @@ class LinkBench:
                     steal_ms=self._steal_during(rows[0]),
                     held_up=sum(h.spells for h in spells),
                     held_up_longest_ms=max((h.longest_ms for h in spells), default=0.0),
+                    held_up_ms=sum(h.total_ms for h in spells),
+                    probed_s=(rows[0].ended_at or 0.0) - (rows[0].started_at or 0.0),
+                    fewest_echoes=min(r.echoes for r in rows),
+                    p99_untouched_ms=untouched[0],
+                    untouched=untouched[1],
+                    echoes=sum(len(r.echo_legs) for r in rows),
                 )
             )
         return out
@@ -131,6 +204,12 @@ class LinkBench:
         return max(r.rtt_error_p99_ms for r in self.judged if r.rtt_error_p99_ms is not None)
 
     @property
+    def worst_p99_untouched_ms(self) -> float | None:
+        """The worst link's p99 over the round trips no held-up spell met (shown beside the
+        goal, not judged: the goal is judged on every round trip)."""
+        return self.worst_untouched(self.judged)[0]
+
+    @property
     def loss(self) -> LossVerdict:
         return loss_verdict(self.rows)
 
@@ -147,12 +226,13 @@ def run_link_bench(
     site: LinkSite,
     rtt_ms: float = 85.0,
     losses: tuple[float, ...] = LOSSES,
-    count: int = 500,
+    echoes: int = 500,
     interval_ms: float = 5.0,
     backend: str = "nfqueue",
     compare_backup: bool = False,
 ) -> LinkBench:
-    """Calibrate every device of `site` at each loss rate, all devices probed together; with
+    """Calibrate every device of `site` at each loss rate, all devices probed together, each
+    link sent enough packets for about `echoes` round trips (`packets_for`); with
     `compare_backup`, each rate also right after with the holder's main thread releasing
     alone (profile name + NO_BACKUP), so the two are measured side by side."""
     profiles = {
@@ -170,7 +250,7 @@ def run_link_bench(
                     rows += calibrate(
                         site,
                         {name + suffix: profile},
-                        count=count,
+                        count=packets_for(profile, echoes),
                         interval_ms=interval_ms,
                         parallel=len(site.devices),
                         backend=backend,  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from scipy import stats as sps
 
 from testbed.config.loading import read_yaml
@@ -88,6 +88,14 @@ class Calibration(BaseModel):
     holder_generation: int | None = None  # the packet holder's spec while it was measured
     started_at: float | None = None  # wall clock (s): the profile's probes began ...
     ended_at: float | None = None  # ... and every link's probes had ended
+    # per echo: (when it left the device, when its echo left the server) on CLOCK_MONOTONIC
+    # in ns, and its |RTT error| in ms; to tell which round trips a stall of the holder met
+    echo_legs: list[tuple[int, int, float]] = Field(default_factory=list, exclude=True, repr=False)
+
+    @property
+    def echoes(self) -> int:
+        """Round trips measured: the RTT figures rest on this many samples."""
+        return self.loss_down.of - self.loss_down.lost
 
     @property
     def ok(self) -> bool:
@@ -209,6 +217,11 @@ def analyse(name: str, backend: str, profile: LinkProfile, raw: RawProbe) -> Cal
         bursts_up=_bursts(lost_up, profile, "up"),
         bursts_down=_bursts(lost_down, profile, "down"),
         throughput_mbit=None,
+        echo_legs=[
+            (raw.sent_ns[seq], raw.echo_sent_ns[seq], abs(rtt - profile.rtt_ms))
+            for seq, rtt in raw.rtt_ms.items()
+            if seq in raw.sent_ns and seq in raw.echo_sent_ns
+        ],
     )
 
 

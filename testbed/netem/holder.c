@@ -37,9 +37,12 @@
  * Prints "ready" on stdout once every queue is bound; on SIGTERM/SIGINT releases what it holds,
  * prints per-queue counts on stderr and exits 0. Counts are per generation: a reload first
  * prints each queue's counts under the generation it replaces, then starts them afresh.
- * With them comes one "held_up" line: the spells in which both releasers woke more than
- * HELD_UP_NS after their timers, with overlapping delays (neither CPU ran them: on a VM, the
- * hypervisor paused both virtual CPUs), how many, the longest and the total overlap.
+ * With them comes one "held_up" line: the spells in which both releasers were held up by more
+ * than HELD_UP_NS at once (woke that late after their timers, or took that long over a pass of
+ * microseconds), with overlapping delays (neither CPU ran them: on a VM, the hypervisor paused
+ * both virtual CPUs), how many, the longest and the total overlap; then one
+ * "held_up_spell" line per spell (the first MAX_SPELLS): when it began and ended (the overlap,
+ * CLOCK_MONOTONIC ns), so a measurement can tell which of its packets were due in one.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -70,6 +73,7 @@
 #define BACKUP_POLL_NS 2000000ULL /* ... and looks at least this often */
 #define BUSY_RETRY_NS 50000ULL /* a queue the other releaser is releasing: look again after */
 #define HELD_UP_NS 500000ULL /* a releaser waking later than this after its timer was held up */
+#define MAX_SPELLS 4096 /* spells listed per generation (all are counted) */
 enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };
 static const char *DIST_NAMES[] = {"uniform", "normal", "pareto", "paretonormal"};
 
@@ -113,6 +117,7 @@ static _Atomic uint64_t late_from[2], late_to[2];
 static _Atomic uint64_t both_counted_to; /* end of the last spell counted (none twice) */
 static _Atomic unsigned long n_held_up;
 static _Atomic uint64_t held_up_max_ns, held_up_sum_ns;
+static uint64_t spell_from[MAX_SPELLS], spell_to[MAX_SPELLS]; /* each spell: when neither ran */
 
 static uint64_t clock_ns(clockid_t c) {
     struct timespec t;
@@ -171,9 +176,10 @@ static void log_phase(queue_t *q, const phase_t *ph, unsigned long generation) {
 
 static unsigned long generation;
 
-/* Releaser `who` armed its timer for `armed` and woke at `woke`: when late by more than
- * HELD_UP_NS and the other releaser's last late wake-up overlaps it by as much, count one
- * spell in which neither ran. */
+/* Releaser `who` armed its timer for `armed` and woke at `woke` (or began a pass that should
+ * take microseconds at `armed` and ended it at `woke`: its CPU was taken while it ran): when
+ * late by more than HELD_UP_NS and the other releaser's last late wake-up or pass overlaps it
+ * by as much, count one spell in which neither ran. */
 static void note_wake(int who, uint64_t armed, uint64_t woke) {
     if (woke < armed + HELD_UP_NS) return;
     late_from[who] = armed;
@@ -183,7 +189,11 @@ static void note_wake(int who, uint64_t armed, uint64_t woke) {
     if (end < start + HELD_UP_NS) return;
     uint64_t counted = atomic_load(&both_counted_to);
     if (start < counted || !atomic_compare_exchange_strong(&both_counted_to, &counted, end)) return;
-    n_held_up++;
+    unsigned long n = atomic_fetch_add(&n_held_up, 1);
+    if (n < MAX_SPELLS) {
+        spell_from[n] = start;
+        spell_to[n] = end;
+    }
     held_up_sum_ns += end - start;
     uint64_t was = atomic_load(&held_up_max_ns);
     while (end - start > was && !atomic_compare_exchange_weak(&held_up_max_ns, &was, end - start)) {}
@@ -193,6 +203,9 @@ static void note_wake(int who, uint64_t armed, uint64_t woke) {
 static void flush_held_up(void) {
     fprintf(stderr, "held_up gen=%lu both=%lu longest_us=%.1f total_us=%.1f\n", generation,
             (unsigned long)n_held_up, held_up_max_ns / 1e3, held_up_sum_ns / 1e3);
+    for (unsigned long i = 0; i < n_held_up && i < MAX_SPELLS; i++)
+        fprintf(stderr, "held_up_spell gen=%lu from_ns=%llu to_ns=%llu\n", generation,
+                (unsigned long long)spell_from[i], (unsigned long long)spell_to[i]);
     n_held_up = 0;
     held_up_max_ns = held_up_sum_ns = 0;
 }
@@ -337,6 +350,7 @@ static void *backup_releaser(void *arg) {
                 next = q->ring[head].due + BACKUP_GRACE_NS; /* a hint: the slot may be refilled */
         }
         pthread_mutex_unlock(&queues_lock);
+        note_wake(1, t, now_ns());
         if (next <= t) next = t + 1000;
         struct itimerspec its = {0};
         its.it_value.tv_sec = (time_t)(next / 1000000000ULL);
@@ -608,7 +622,8 @@ int main(int argc, char **argv) {
             pthread_mutex_unlock(&queues_lock);
             if (rc != 0) fprintf(stderr, "tb-holder: reload failed; kept going\n");
         }
-        uint64_t next = release(0), change = advance_phases(now_ns());
+        uint64_t ran = now_ns(), next = release(0), change = advance_phases(now_ns());
+        note_wake(0, ran, now_ns()); /* a pass stalled (its CPU not run) counts as late too */
         if (change < next) next = change;
         struct itimerspec its = {0};
         if (next != UINT64_MAX) {
@@ -625,10 +640,12 @@ int main(int argc, char **argv) {
         }
         if (pfd[0].revents & POLLIN) {
             for (;;) {
+                uint64_t ran = now_ns();
                 int n = (int)recv(fd, buf, sizeof buf, MSG_DONTWAIT);
                 if (n <= 0) break;
                 nfq_handle_packet(nfq, buf, n);
                 release(0);
+                note_wake(0, ran, now_ns());
             }
         }
     }

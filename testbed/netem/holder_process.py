@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +50,9 @@ HELD_UP = re.compile(
     r"^held_up gen=(?P<gen>\d+) both=(?P<spells>\d+) longest_us=(?P<max_us>[\d.]+) "
     r"total_us=(?P<sum_us>[\d.]+)$"
 )
+HELD_UP_SPELL = re.compile(
+    r"^held_up_spell gen=(?P<gen>\d+) from_ns=(?P<from>\d+) to_ns=(?P<to>\d+)$"
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class HeldUp:
     spells: int
     longest_ms: float
     total_ms: float
+    # each spell's (start, end) on CLOCK_MONOTONIC, ns (the holder lists the first 4096)
+    windows: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,14 +118,23 @@ def _last_run(log: str) -> str:
 
 
 def parse_held_up(log: str) -> list[HeldUp]:
-    """The held-up spells per generation the holder last started wrote to its log."""
-    found = (HELD_UP.match(line.strip()) for line in _last_run(log).splitlines())
+    """The held-up spells per generation the holder last started wrote to its log, each with
+    the windows listed under its generation."""
+    counts, windows = [], defaultdict(list)
+    for line in _last_run(log).splitlines():
+        if m := HELD_UP.match(line.strip()):
+            counts.append(m)
+        elif m := HELD_UP_SPELL.match(line.strip()):
+            windows[int(m["gen"])].append((int(m["from"]), int(m["to"])))
     return [
         HeldUp(
-            int(m["gen"]), int(m["spells"]), float(m["max_us"]) / 1000, float(m["sum_us"]) / 1000
+            int(m["gen"]),
+            int(m["spells"]),
+            float(m["max_us"]) / 1000,
+            float(m["sum_us"]) / 1000,
+            tuple(windows[int(m["gen"])]),
         )
-        for m in found
-        if m
+        for m in counts
     ]
 
 

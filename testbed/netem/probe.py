@@ -151,6 +151,9 @@ class RawProbe(BaseModel):
     warmup_s: float
     rx_span_s: float = 0.0  # first to last echo
     rx_bytes: int = 0  # UDP payload bytes echoed back
+    # per echo, when each leg entered the link (kernel transmit times, CLOCK_MONOTONIC ns):
+    sent_ns: dict[int, int] = {}  # the datagram, from the device
+    echo_sent_ns: dict[int, int] = {}  # its echo, from the server
 
     @property
     def echo_mbit_s(self) -> float | None:
@@ -218,7 +221,6 @@ def probe_packets(
             raise ImpairmentError(f"probe responder did not start on {lab.server.name}")
         budget = count * interval_ms / 1000 + linger + 30
         res = runner.run(send_argv, netns=dev.netns, timeout=budget, error=ImpairmentError)
-        sent = json.loads(res.stdout)
     finally:
         echo.terminate()
         try:
@@ -230,19 +232,29 @@ def probe_packets(
         told = json.loads(out.decode().strip().splitlines()[-1])
         at_server = told["received"]
         lags = {int(k): int(v) for k, v in told["send_lag_ns"].items()}
+        echo_sent = {int(k): int(v) for k, v in told.get("sent_ns", {}).items()}
     except (IndexError, ValueError, KeyError, AttributeError, TypeError) as exc:
         raise ImpairmentError(f"probe responder on {lab.server.name} gave no count") from exc
-    # the echo's own send time is the responder's, not the link's (udp_probe's docstring)
-    rtts = {int(k): float(v) - lags.get(int(k), 0) / 1e6 for k, v in sent["rtt_ms"].items()}
-    return RawProbe(
-        device=dev.name,
-        sent=int(sent["sent"]),
-        at_server=at_server,
-        rtt_ms=rtts,
-        warmup_s=sent["warmup_s"],
-        rx_span_s=sent.get("rx_span_s", 0.0),
-        rx_bytes=sent.get("rx_bytes", 0),
-    )
+    try:
+        sent = json.loads(res.stdout)
+        # the echo's own send time is the responder's, not the link's (udp_probe's docstring)
+        rtts = {int(k): float(v) - lags.get(int(k), 0) / 1e6 for k, v in sent["rtt_ms"].items()}
+        return RawProbe(
+            device=dev.name,
+            sent=int(sent["sent"]),
+            at_server=at_server,
+            rtt_ms=rtts,
+            warmup_s=sent["warmup_s"],
+            rx_span_s=sent.get("rx_span_s", 0.0),
+            rx_bytes=sent.get("rx_bytes", 0),
+            sent_ns={int(k): int(v) for k, v in sent.get("sent_ns", {}).items()},
+            echo_sent_ns=echo_sent,
+        )
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:  # pydantic's is a ValueError
+        raise ImpairmentError(
+            f"probe sender on {dev.name}: expected a JSON object with sent, rtt_ms, sent_ns and "
+            f"warmup_s; got {res.stdout[:200]!r} ({exc})"
+        ) from exc
 
 
 def probe_links(

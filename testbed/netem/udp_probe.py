@@ -4,12 +4,14 @@
         Echo every datagram back. Prints "ready" once bound; on SIGTERM prints a JSON line
         with the measurement sequence numbers it received, in arrival order ("received"), and
         per sequence number how long its echo took to leave after the turnaround was taken
-        ("send_lag_ns": to the kernel's transmit timestamp).
+        ("send_lag_ns": to the kernel's transmit timestamp) and when it left ("sent_ns": that
+        timestamp, monotonic ns).
     udp_probe.py send --dst IP --port P [--count N] [--interval-ms I] [--size B] [--tag T]
         [--rt-prio N] [--via IFACE --src IP]
         Warm the link up (ARP), then send N numbered datagrams every I ms and time the echoes;
-        prints one JSON line: {"sent": N, "rtt_ms": {seq: rtt}, "warmup_s": ..., "rx_span_s":
-        first to last echo, "rx_bytes": bytes echoed}, the echoes in arrival order.
+        prints one JSON line: {"sent": N, "rtt_ms": {seq: rtt}, "sent_ns": {seq: when the
+        datagram left, monotonic ns}, "warmup_s": ..., "rx_span_s": first to last echo,
+        "rx_bytes": bytes echoed}, the echoes in arrival order.
 
 Datagram: 1 byte kind (W warm-up, M measurement), 8 bytes sequence number, 8 bytes send time,
 8 bytes the responder's turnaround, padding. RTT is the link's: from the kernel's transmit
@@ -76,6 +78,7 @@ def echo(args: argparse.Namespace) -> int:
     seen: list[int] = []
     sent_ids: dict[int, tuple[int, int]] = {}  # OPT_ID -> (seq, time the turnaround was taken)
     send_lag: dict[int, int] = {}  # seq -> kernel transmit time less that time, ns
+    sent_at: dict[int, int] = {}  # seq -> kernel transmit time, monotonic ns
     ids = itertools.count()  # the kernel's OPT_ID: one per datagram sent
     stop = False
 
@@ -101,10 +104,14 @@ def echo(args: argparse.Namespace) -> int:
             seen.append(seq)
             sent_ids[ident] = (seq, now)
         sock.sendto(HEADER.pack(kind, seq, tx, max(0, now - rx)) + data[HEADER.size :], addr)
-        _note_send_lags(sock, sent_ids, send_lag)
+        _note_send_lags(sock, sent_ids, send_lag, sent_at)
     time.sleep(0.01)  # the last echo's stamp
-    _note_send_lags(sock, sent_ids, send_lag)
-    out = {"received": list(dict.fromkeys(seen)), "send_lag_ns": send_lag}  # arrival order
+    _note_send_lags(sock, sent_ids, send_lag, sent_at)
+    out = {  # arrival order
+        "received": list(dict.fromkeys(seen)),
+        "send_lag_ns": send_lag,
+        "sent_ns": sent_at,
+    }
     print(json.dumps(out), flush=True)
     return 0
 
@@ -123,13 +130,17 @@ def _tx_stamps(sock: socket.socket) -> Iterator[tuple[int, int]]:
 
 
 def _note_send_lags(
-    sock: socket.socket, sent_ids: dict[int, tuple[int, int]], send_lag: dict[int, int]
+    sock: socket.socket,
+    sent_ids: dict[int, tuple[int, int]],
+    send_lag: dict[int, int],
+    sent_at: dict[int, int],
 ) -> None:
-    """Each measurement echo stamped since the last call: its send lag."""
+    """Each measurement echo stamped since the last call: its send lag and transmit time."""
     for ident, stamp in _tx_stamps(sock):
         if ident in sent_ids:
             seq, taken = sent_ids.pop(ident)
             send_lag[seq] = max(0, stamp - taken)
+            sent_at[seq] = stamp
 
 
 def _monotonic(wall_ns: int) -> int:
@@ -238,6 +249,7 @@ def send(args: argparse.Namespace) -> int:
     out = {
         "sent": args.count,
         "rtt_ms": rtt,
+        "sent_ns": {seq: tx_kernel.get(seq, tx) for seq, (tx, _, _) in echoes.items()},
         "kernel_tx_stamps": sum(seq in tx_kernel for seq in echoes),
         "warmup_s": round(warmup_s, 3),
         "rx_span_s": (rx_span[1] - rx_span[0]) / 1e9,
