@@ -77,16 +77,18 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
 
     line = (
         "queue={q} link={link}/{d} gen={g} in=120 out={out} lost=3 full=0 late_us_mean=12.5 "
-        "late_us_max={mx} late_over_500us={late} by_backup=3 unstamped={unstamped}"
+        "late_us_max={mx} late_over_500us={late} by_backup=3 unstamped={unstamped} "
+        "read_by_backup={read}"
     )
     log = "\n".join([
         START_MARK,
-        line.format(q=1, link="dev1", d="up", g=1, out=9, mx=900.0, late=2, unstamped=0),  # earlier
-        START_MARK,
+        line.format(q=1, link="dev1", d="up", g=1, out=9, mx=900.0, late=2, unstamped=0, read=0),
+        START_MARK,  # the lines above are an earlier holder's
         "tb-holder: reload failed; kept going",
-        line.format(q=1, link="dev1", d="up", g=4, out=117, mx=3569.5, late=4, unstamped=0),
-        line.format(q=2, link="dev1/backup", d="down", g=4, out=100, mx=40.0, late=0, unstamped=7),
-        line.format(q=1, link="dev1", d="up", g=5, out=50, mx=20.0, late=0, unstamped=0),
+        line.format(q=1, link="dev1", d="up", g=4, out=117, mx=3569.5, late=4, unstamped=0, read=2),
+        line.format(q=2, link="dev1/backup", d="down", g=4, out=100, mx=40, late=0, unstamped=7,
+                    read=0),
+        line.format(q=1, link="dev1", d="up", g=5, out=50, mx=20.0, late=0, unstamped=0, read=0),
         "queue=3 link=dev2/up in=x out=1",  # not a counts line: skipped
     ])  # fmt: skip
     counts = parse_release_counts(log)
@@ -99,6 +101,7 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
     ]
     assert counts[0].latest_ms == pytest.approx(3.5695)
     assert [c.unstamped for c in counts] == [0, 7, 0]
+    assert [c.read_by_backup for c in counts] == [2, 0, 0]
     bench = LinkBench(85, 1, [], holder=counts)
     assert bench.holder_late == (267, 4, pytest.approx(3.5695))
 
@@ -112,7 +115,7 @@ def test_spells_when_neither_releaser_ran_are_read_per_generation() -> None:
         START_MARK,
         "held_up gen=4 both=2 longest_us=4670.5 total_us=6100.0",
         "queue=1 link=dev1/up gen=5 in=1 out=1 lost=0 full=0 late_us_mean=1.0 late_us_max=1.0 "
-        "late_over_500us=0 by_backup=0 unstamped=0",
+        "late_over_500us=0 by_backup=0 unstamped=0 read_by_backup=0",
         "held_up gen=5 both=0 longest_us=0.0 total_us=0.0",
         "held_up gen=x both=1",  # not a held-up line: skipped
         "held_up_spell gen=4 from_ns=1000 to_ns=5000",

@@ -357,8 +357,8 @@ def test_jitter_spreads_rtt_without_reordering(clean_links: EmulatedLab) -> None
 
 
 def test_each_releaser_alone_keeps_order_and_delay_and_says_who_released(lab: EmulatedLab) -> None:
-    """The holder's two releasers, each alone: the backup (which otherwise releases only what
-    the main thread left overdue) and the main thread."""
+    """The holder's two releasers, each alone: the backup (which otherwise reads and releases
+    only what the main thread left waiting) and the main thread."""
     import os
 
     from testbed.netem.holder_process import flags_for_holders
@@ -380,6 +380,9 @@ def test_each_releaser_alone_keeps_order_and_delay_and_says_who_released(lab: Em
         assert sorted(c.direction for c in counts) == ["down", "up"], counts
         assert all(c.released >= 300 for c in counts)
         assert all(c.by_backup == round(backup_share * c.released) for c in counts), counts
+        # alone, the backup also reads every packet (as it does when the main thread's CPU is
+        # taken), and the order and delays above come through its reading too
+        assert all(c.read_by_backup == round(backup_share * c.released) for c in counts), counts
 
 
 def test_holder_holds_both_directions_from_their_kernel_arrival_time(lab: EmulatedLab) -> None:

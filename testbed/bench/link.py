@@ -103,6 +103,12 @@ class LinkBench:
         (0 unless a queue sits where the kernel has cleared the stamp)."""
         return sum(q.unstamped for q in self.holder)
 
+    @property
+    def holder_read_by_backup(self) -> int:
+        """Packets the holder's backup releaser read: waiting unread when it woke (most just
+        before the main thread would have; some while the main thread's CPU was taken)."""
+        return sum(q.read_by_backup for q in self.holder)
+
     def holder_on(self, row: Calibration) -> list[ReleaseCounts]:
         """The holder's counts on row's link (both directions, primary path) while row's
         profile was loaded."""

@@ -185,7 +185,8 @@ def link(
             typer.echo(
                 f"packet holder: {released} packets released, {late} of them more than 0.5 ms "
                 f"after their due time (its releasers held up), the latest {latest:.3f} ms late; "
-                f"{res.holder_unstamped} held from when it read them (no kernel arrival time)"
+                f"{res.holder_unstamped} held from when it read them (no kernel arrival time); "
+                f"its backup read {res.holder_read_by_backup} that the main thread had not"
             )
             for t in res.tails():
                 typer.echo(

@@ -24,13 +24,17 @@
  * release the packets after it early); timer slack is 1 ns; --rt-prio runs it SCHED_FIFO.
  * A backup releaser thread, pinned to another CPU than the main thread, releases what is more
  * than BACKUP_GRACE_NS overdue: on a VM the hypervisor takes one virtual CPU at a time for
- * milliseconds (steal), and the other then releases on time. Each release is one batch verdict
+ * milliseconds (steal), and the other then releases on time. It also reads the queue socket
+ * when it wakes (at least every BACKUP_POLL_NS), so packets that reach the holder while the
+ * main thread's CPU is taken are still held from their arrival and released when due; one
+ * thread reads at a time (read_lock), so each queue's packets enter its ring in the order the
+ * kernel queued them. Each release is one batch verdict
  * (every held packet of the queue up to the last one due), and one releaser at a time releases a
  * queue (the other skips it until that verdict has returned), so two releasers never reorder:
  * a verdict passes its packets on inside the call, and a releaser stalled there must not be
  * overtaken by the other passing on later packets of the same queue from its own CPU;
- * --no-backup runs the main thread alone, --backup-only leaves every release to the backup
- * (both to measure one releaser alone).
+ * --no-backup runs the main thread alone, --backup-only leaves every read and release to the
+ * backup (both to measure one releaser alone).
  *
  * usage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] [--log FILE] [--no-backup |
  *                  --backup-only] SPEC
@@ -72,7 +76,8 @@
 #define BACKUP_GRACE_NS 200000ULL /* the backup releases packets overdue by more than this */
 #define BACKUP_POLL_NS 2000000ULL /* ... and looks at least this often */
 #define BUSY_RETRY_NS 50000ULL /* a queue the other releaser is releasing: look again after */
-#define HELD_UP_NS 500000ULL /* a releaser waking later than this after its timer was held up */
+#define HELD_UP_NS 500000ULL /* a releaser this late after its timer, or this long over a pass,
+                                 * was held up */
 #define MAX_SPELLS 4096 /* spells listed per generation (all are counted) */
 enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };
 static const char *DIST_NAMES[] = {"uniform", "normal", "pareto", "paretonormal"};
@@ -95,9 +100,10 @@ typedef struct {
     uint64_t t0, last_due, rng;
     held_t *ring;
     size_t cap;
-    _Atomic size_t head, tail; /* head: taken by either releaser; tail: by the main thread */
+    _Atomic size_t head, tail; /* head: taken by either releaser; tail: by the reader */
     _Atomic int releasing;     /* a releaser holds the queue: from reading its run to the verdict */
     unsigned long n_in, n_lost, n_full, n_unstamped; /* unstamped: held from when it was read */
+    unsigned long n_read_by_backup;                  /* read by the backup (waiting unread) */
     _Atomic unsigned long n_out, n_late500, n_backup; /* n_late500: released >0.5 ms late */
     _Atomic uint64_t late_ns_sum, late_ns_max;        /* n_backup: released by the backup */
 } queue_t;
@@ -105,10 +111,15 @@ typedef struct {
 static queue_t *queues[MAX_QUEUES];
 static int n_queues;
 static struct nfq_handle *nfq;
+static int nfq_sock = -1;
+/* One reader of the queue socket at a time: the callbacks it runs change a queue's ring tail,
+ * random state, phase and counts. */
+static pthread_mutex_t read_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int backup_reading; /* the callbacks run for the backup (counted per queue) */
 static int64_t wake_late_ns;
 static volatile sig_atomic_t stop, reload;
 static pthread_mutex_t queues_lock = PTHREAD_MUTEX_INITIALIZER; /* queues[] changes under it */
-static int backup_only; /* --backup-only: the main thread never releases */
+static int backup_only; /* --backup-only: the main thread neither reads nor releases */
 static uint64_t seed;
 static FILE *change_log;
 
@@ -249,6 +260,7 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     advance_phases(now);
     const phase_t *ph = &q->phases[q->cur < 0 ? 0 : q->cur];
     q->n_in++;
+    if (backup_reading) q->n_read_by_backup++;
     if (lose(q, ph)) {
         q->n_lost++;
         return nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
@@ -330,15 +342,37 @@ static uint64_t release(int all) {
     return next;
 }
 
+/* Read and hold every message waiting on the queue socket (without waiting for more), as the
+ * one reader; returns how many. The backup does not wait for the main thread to finish reading
+ * (its CPU may be taken mid-read): it reads next time. */
+static int read_waiting(char *buf, size_t size, int by_backup) {
+    int n_read = 0;
+    if (by_backup ? pthread_mutex_trylock(&read_lock) != 0 : pthread_mutex_lock(&read_lock) != 0)
+        return 0;
+    backup_reading = by_backup;
+    for (;;) {
+        int n = (int)recv(nfq_sock, buf, size, MSG_DONTWAIT);
+        if (n <= 0) break;
+        nfq_handle_packet(nfq, buf, n);
+        n_read++;
+    }
+    backup_reading = 0;
+    pthread_mutex_unlock(&read_lock);
+    return n_read;
+}
+
 /* Backup releaser: wakes BACKUP_GRACE_NS after the earliest due (at least every
- * BACKUP_POLL_NS) and releases what the main thread has not. */
+ * BACKUP_POLL_NS), reads what the main thread has not read, and releases what it has not
+ * released. */
 static void *backup_releaser(void *arg) {
     (void)arg;
     int tfd = timerfd_create(CLOCK_MONOTONIC, 0);
     if (tfd < 0) { perror("tb-holder: backup timerfd"); return NULL; }
+    static char buf[1 << 16] __attribute__((aligned));
     while (!stop) {
         uint64_t t = now_ns(), next = t + BACKUP_POLL_NS;
-        pthread_mutex_lock(&queues_lock);
+        pthread_mutex_lock(&queues_lock); /* queues[] and their callbacks stay while it reads */
+        read_waiting(buf, sizeof buf, 1);
         for (int i = 0; i < n_queues; i++) {
             queue_t *q = queues[i];
             if (release_queue(q, 0, t - BACKUP_GRACE_NS, 0)) { /* the main thread is */
@@ -403,12 +437,13 @@ static void flush_counts(queue_t *q) {
     if (q->n_in || q->n_out || q->n_lost || q->n_full)
         fprintf(stderr,
                 "queue=%d link=%s/%s gen=%lu in=%lu out=%lu lost=%lu full=%lu late_us_mean=%.1f "
-                "late_us_max=%.1f late_over_500us=%lu by_backup=%lu unstamped=%lu\n",
+                "late_us_max=%.1f late_over_500us=%lu by_backup=%lu unstamped=%lu "
+                "read_by_backup=%lu\n",
                 q->num, q->link, q->direction, generation, q->n_in, (unsigned long)q->n_out,
                 q->n_lost, q->n_full, q->n_out ? (double)q->late_ns_sum / 1e3 / q->n_out : 0.0,
                 (double)q->late_ns_max / 1e3, (unsigned long)q->n_late500,
-                (unsigned long)q->n_backup, q->n_unstamped);
-    q->n_in = q->n_lost = q->n_full = q->n_unstamped = 0;
+                (unsigned long)q->n_backup, q->n_unstamped, q->n_read_by_backup);
+    q->n_in = q->n_lost = q->n_full = q->n_unstamped = q->n_read_by_backup = 0;
     q->n_out = q->n_late500 = q->n_backup = 0;
     q->late_ns_sum = q->late_ns_max = 0;
 }
@@ -590,7 +625,7 @@ int main(int argc, char **argv) {
     if (!nfq) { perror("tb-holder: nfq_open"); return 1; }
     if (load_spec(spec) != 0) return 1;
     nfnl_rcvbufsiz(nfq_nfnlh(nfq), 64 << 20);
-    int fd = nfq_fd(nfq);
+    int fd = nfq_sock = nfq_fd(nfq);
     int one = 1;
     setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one);
     /* Kernel receive timestamps on every packet (see the header), for as long as we run. */
@@ -611,7 +646,7 @@ int main(int argc, char **argv) {
     fclose(stdout);
 
     static char buf[1 << 16] __attribute__((aligned));
-    struct pollfd pfd[2] = {{fd, POLLIN, 0}, {tfd, POLLIN, 0}};
+    struct pollfd pfd[2] = {{backup_only ? -1 : fd, POLLIN, 0}, {tfd, POLLIN, 0}};
     while (!stop) {
         if (reload) {
             reload = 0;
@@ -622,7 +657,10 @@ int main(int argc, char **argv) {
             pthread_mutex_unlock(&queues_lock);
             if (rc != 0) fprintf(stderr, "tb-holder: reload failed; kept going\n");
         }
-        uint64_t ran = now_ns(), next = release(0), change = advance_phases(now_ns());
+        uint64_t ran = now_ns(), next = release(0);
+        pthread_mutex_lock(&read_lock); /* the reader's callbacks advance phases too */
+        uint64_t change = advance_phases(now_ns());
+        pthread_mutex_unlock(&read_lock);
         note_wake(0, ran, now_ns()); /* a pass stalled (its CPU not run) counts as late too */
         if (change < next) next = change;
         struct itimerspec its = {0};
@@ -641,9 +679,7 @@ int main(int argc, char **argv) {
         if (pfd[0].revents & POLLIN) {
             for (;;) {
                 uint64_t ran = now_ns();
-                int n = (int)recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-                if (n <= 0) break;
-                nfq_handle_packet(nfq, buf, n);
+                if (!read_waiting(buf, sizeof buf, 0)) break;
                 release(0);
                 note_wake(0, ran, now_ns());
             }

@@ -44,7 +44,8 @@ COUNTS = re.compile(
     r"^queue=(?P<queue>\d+) link=(?P<link>\S+)/(?P<direction>\S+) gen=(?P<gen>\d+) in=\d+ "
     r"out=(?P<out>\d+) "
     r"lost=\d+ full=\d+ late_us_mean=[\d.]+ late_us_max=(?P<max_us>[\d.]+) "
-    r"late_over_500us=(?P<late>\d+) by_backup=(?P<backup>\d+) unstamped=(?P<unstamped>\d+)$"
+    r"late_over_500us=(?P<late>\d+) by_backup=(?P<backup>\d+) unstamped=(?P<unstamped>\d+) "
+    r"read_by_backup=(?P<read_by_backup>\d+)$"
 )
 HELD_UP = re.compile(
     r"^held_up gen=(?P<gen>\d+) both=(?P<spells>\d+) longest_us=(?P<max_us>[\d.]+) "
@@ -57,10 +58,10 @@ HELD_UP_SPELL = re.compile(
 
 @dataclass(frozen=True)
 class HeldUp:
-    """Under one spec generation, the spells in which both of the holder's releasers woke more
-    than 0.5 ms (the p99 goal) after their timers with delays overlapping by as much: neither
-    ran (on a VM, the hypervisor held up both virtual CPUs), so every packet due then went out
-    late."""
+    """Under one spec generation, the spells in which both of the holder's releasers were held
+    up more than 0.5 ms (the p99 goal: woke that late after their timers, or took that long
+    over a pass of microseconds) with delays overlapping by as much: neither ran (on a VM, the
+    hypervisor held up both virtual CPUs), so every packet due then went out late."""
 
     generation: int
     spells: int
@@ -85,6 +86,7 @@ class ReleaseCounts:
     latest_ms: float
     by_backup: int = 0  # released by the backup releaser (the main thread was late)
     unstamped: int = 0  # held from when the holder read them: the kernel gave no arrival time
+    read_by_backup: int = 0  # read by the backup releaser (waiting unread when it woke)
 
 
 def holder_flags() -> list[str]:
@@ -156,6 +158,7 @@ def parse_release_counts(log: str) -> list[ReleaseCounts]:
                     float(m["max_us"]) / 1000,
                     int(m["backup"]),
                     int(m["unstamped"]),
+                    int(m["read_by_backup"]),
                 )  # fmt: skip
             )
     return out
