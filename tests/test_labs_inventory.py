@@ -271,10 +271,12 @@ def test_hosts_impair_their_own_links_live(namespace_hosts, tmp_path):
             assert r.rtt_ms is not None and abs(r.rtt_ms.p50 - 40) < 1.5, r
             assert r.loss_up.within and r.loss_down.within, r
         apply(lab, LinkProfile(rtt_ms=20), devices=["dev2"])
-        probes = probe_links(lab, count=40, interval_ms=5)
+        probes = probe_links(lab, count=100, interval_ms=5)
+        # which profile each link now has (they are 20 ms apart); fidelity is checked above,
+        # over 200 packets, and a median of a few dozen can move 1.5 ms in one VM stall
         assert (
-            abs(probes["dev1"].rtt_ms.p50 - 40) < 1.5 and abs(probes["dev2"].rtt_ms.p50 - 20) < 1.5
-        )
+            abs(probes["dev1"].rtt_ms.p50 - 40) < 3 and abs(probes["dev2"].rtt_ms.p50 - 20) < 3
+        ), probes
         assert current(lab).profiles["dev1"].loss == 0.1
         if imp.backend == "nfqueue":
             logged = {(c["link"], c["direction"], c["delay_us"]) for c in link_changes(lab)}
