@@ -121,10 +121,14 @@ class LinkBench:
         mine = self.holder_on(row)
         return sum(q.released for q in mine), sum(q.late_over_500us for q in mine)
 
+    def spells_of(self, row: Calibration) -> list[HeldUp]:
+        """The holder's held-up spells while row's profile was loaded."""
+        return [h for h in self.spells if h.generation == row.holder_generation]
+
     def windows_of(self, row: Calibration) -> list[tuple[int, int]] | None:
         """The held-up spells while row's profile was loaded (CLOCK_MONOTONIC ns); None when
         the holder counted more than it listed."""
-        mine = [h for h in self.spells if h.generation == row.holder_generation]
+        mine = self.spells_of(row)
         if any(h.spells > len(h.windows) for h in mine):
             return None
         return [w for h in mine for w in h.windows]
@@ -166,7 +170,7 @@ class LinkBench:
             rows = [r for r in self.rows if r.profile == name]
             counts = [self.holder_late_on(r) for r in rows]  # (released, late) per link
             missed = [(r.rtt_error_p99_ms or 0.0) > GOAL_P99_MS for r in rows]
-            spells = [h for h in self.spells if h.generation == rows[0].holder_generation]
+            spells = self.spells_of(rows[0])
             untouched = self.worst_untouched(rows)
             out.append(
                 ProfileTail(
