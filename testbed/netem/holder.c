@@ -115,7 +115,8 @@ static int nfq_sock = -1;
 /* One reader of the queue socket at a time: the callbacks it runs change a queue's ring tail,
  * random state, phase and counts. */
 static pthread_mutex_t read_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic int backup_reading; /* the callbacks run for the backup (counted per queue) */
+/* Set in the backup releaser's thread alone: whose wake-ups, releases and reads these are. */
+static _Thread_local int on_backup;
 static int64_t wake_late_ns;
 static volatile sig_atomic_t stop, reload;
 static pthread_mutex_t queues_lock = PTHREAD_MUTEX_INITIALIZER; /* queues[] changes under it */
@@ -187,11 +188,12 @@ static void log_phase(queue_t *q, const phase_t *ph, unsigned long generation) {
 
 static unsigned long generation;
 
-/* Releaser `who` armed its timer for `armed` and woke at `woke` (or began a pass that should
- * take microseconds at `armed` and ended it at `woke`: its CPU was taken while it ran): when
- * late by more than HELD_UP_NS and the other releaser's last late wake-up or pass overlaps it
- * by as much, count one spell in which neither ran. */
-static void note_wake(int who, uint64_t armed, uint64_t woke) {
+/* This thread's releaser armed its timer for `armed` and woke at `woke` (or began a pass that
+ * should take microseconds at `armed` and ended it at `woke`: its CPU was taken while it ran):
+ * when late by more than HELD_UP_NS and the other releaser's last late wake-up or pass overlaps
+ * it by as much, count one spell in which neither ran. */
+static void note_wake(uint64_t armed, uint64_t woke) {
+    int who = on_backup;
     if (woke < armed + HELD_UP_NS) return;
     late_from[who] = armed;
     late_to[who] = woke;
@@ -260,7 +262,7 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     advance_phases(now);
     const phase_t *ph = &q->phases[q->cur < 0 ? 0 : q->cur];
     q->n_in++;
-    if (backup_reading) q->n_read_by_backup++;
+    if (on_backup) q->n_read_by_backup++;
     if (lose(q, ph)) {
         q->n_lost++;
         return nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
@@ -282,12 +284,12 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     return 0;
 }
 
-/* Accept the held packets of q due by `cutoff` (all if `all`) with one batch verdict; `by_main`
- * says which releaser runs it. Returns 1 (and does nothing) while the other releaser holds q.
+/* Accept the held packets of q due by `cutoff` (all if `all`) with one batch verdict, for this
+ * thread's releaser. Returns 1 (and does nothing) while the other releaser holds q.
  * Lateness counts to when the run is read (after the verdicts of the queues before it in this
  * pass). The run is read before head moves past it, since the main thread may refill its slots
  * as soon as it has. */
-static int release_queue(queue_t *q, int all, uint64_t cutoff, int by_main) {
+static int release_queue(queue_t *q, int all, uint64_t cutoff) {
     int idle = 0;
     if (!atomic_compare_exchange_strong(&q->releasing, &idle, 1)) return 1;
     uint64_t t = now_ns();
@@ -314,10 +316,10 @@ static int release_queue(queue_t *q, int all, uint64_t cutoff, int by_main) {
     if (n == 0 || all) return 0;
     q->late_ns_sum += sum;
     q->n_late500 += late500;
-    if (!by_main) q->n_backup += n;
+    if (on_backup) q->n_backup += n;
     uint64_t was = atomic_load(&q->late_ns_max);
     while (worst > was && !atomic_compare_exchange_weak(&q->late_ns_max, &was, worst)) {}
-    if (by_main && (int64_t)(sum / n) <= STALL_NS) {
+    if (!on_backup && (int64_t)(sum / n) <= STALL_NS) {
         int64_t mean = (int64_t)(sum / n);
         wake_late_ns += (mean - wake_late_ns) / 16;
         if (wake_late_ns > MAX_EARLY_NS) wake_late_ns = MAX_EARLY_NS;
@@ -332,7 +334,7 @@ static uint64_t release(int all) {
     if (backup_only && !all) return next;
     for (int i = 0; i < n_queues; i++) {
         queue_t *q = queues[i];
-        if (release_queue(q, all, t, 1)) { /* the backup is releasing it */
+        if (release_queue(q, all, t)) { /* the backup is releasing it */
             if (t + BUSY_RETRY_NS < next) next = t + BUSY_RETRY_NS;
             continue;
         }
@@ -345,18 +347,16 @@ static uint64_t release(int all) {
 /* Read and hold every message waiting on the queue socket (without waiting for more), as the
  * one reader; returns how many. The backup does not wait for the main thread to finish reading
  * (its CPU may be taken mid-read): it reads next time. */
-static int read_waiting(char *buf, size_t size, int by_backup) {
+static int read_waiting(char *buf, size_t size) {
     int n_read = 0;
-    if (by_backup ? pthread_mutex_trylock(&read_lock) != 0 : pthread_mutex_lock(&read_lock) != 0)
+    if (on_backup ? pthread_mutex_trylock(&read_lock) != 0 : pthread_mutex_lock(&read_lock) != 0)
         return 0;
-    backup_reading = by_backup;
     for (;;) {
         int n = (int)recv(nfq_sock, buf, size, MSG_DONTWAIT);
         if (n <= 0) break;
         nfq_handle_packet(nfq, buf, n);
         n_read++;
     }
-    backup_reading = 0;
     pthread_mutex_unlock(&read_lock);
     return n_read;
 }
@@ -369,13 +369,14 @@ static void *backup_releaser(void *arg) {
     int tfd = timerfd_create(CLOCK_MONOTONIC, 0);
     if (tfd < 0) { perror("tb-holder: backup timerfd"); return NULL; }
     static char buf[1 << 16] __attribute__((aligned));
+    on_backup = 1;
     while (!stop) {
         uint64_t t = now_ns(), next = t + BACKUP_POLL_NS;
         pthread_mutex_lock(&queues_lock); /* queues[] and their callbacks stay while it reads */
-        read_waiting(buf, sizeof buf, 1);
+        read_waiting(buf, sizeof buf);
         for (int i = 0; i < n_queues; i++) {
             queue_t *q = queues[i];
-            if (release_queue(q, 0, t - BACKUP_GRACE_NS, 0)) { /* the main thread is */
+            if (release_queue(q, 0, t - BACKUP_GRACE_NS)) { /* the main thread is */
                 if (t + BUSY_RETRY_NS < next) next = t + BUSY_RETRY_NS;
                 continue;
             }
@@ -384,7 +385,7 @@ static void *backup_releaser(void *arg) {
                 next = q->ring[head].due + BACKUP_GRACE_NS; /* a hint: the slot may be refilled */
         }
         pthread_mutex_unlock(&queues_lock);
-        note_wake(1, t, now_ns());
+        note_wake(t, now_ns());
         if (next <= t) next = t + 1000;
         struct itimerspec its = {0};
         its.it_value.tv_sec = (time_t)(next / 1000000000ULL);
@@ -392,7 +393,7 @@ static void *backup_releaser(void *arg) {
         timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, NULL);
         uint64_t x;
         if (read(tfd, &x, sizeof x) < 0 && errno != EINTR) break;
-        note_wake(1, next, now_ns());
+        note_wake(next, now_ns());
     }
     close(tfd);
     return NULL;
@@ -451,7 +452,7 @@ static void flush_counts(queue_t *q) {
 static void drop_queue(int i) {
     queue_t *q = queues[i];
     uint64_t t = now_ns();
-    release_queue(q, 1, t, 1);
+    release_queue(q, 1, t);
     flush_counts(q);
     nfq_destroy_queue(q->qh);
     free(q->ring);
@@ -661,7 +662,7 @@ int main(int argc, char **argv) {
         pthread_mutex_lock(&read_lock); /* the reader's callbacks advance phases too */
         uint64_t change = advance_phases(now_ns());
         pthread_mutex_unlock(&read_lock);
-        note_wake(0, ran, now_ns()); /* a pass stalled (its CPU not run) counts as late too */
+        note_wake(ran, now_ns()); /* a pass stalled (its CPU not run) counts as late too */
         if (change < next) next = change;
         struct itimerspec its = {0};
         if (next != UINT64_MAX) {
@@ -670,7 +671,7 @@ int main(int argc, char **argv) {
         }
         timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, NULL);
         int r = poll(pfd, 2, 500);
-        if (next != UINT64_MAX) note_wake(0, next, now_ns());
+        if (next != UINT64_MAX) note_wake(next, now_ns());
         if (r < 0 && errno == EINTR) continue;
         if (pfd[1].revents & POLLIN) {
             uint64_t x;
@@ -679,9 +680,9 @@ int main(int argc, char **argv) {
         if (pfd[0].revents & POLLIN) {
             for (;;) {
                 uint64_t ran = now_ns();
-                if (!read_waiting(buf, sizeof buf, 0)) break;
+                if (!read_waiting(buf, sizeof buf)) break;
                 release(0);
-                note_wake(0, ran, now_ns());
+                note_wake(ran, now_ns());
             }
         }
     }
