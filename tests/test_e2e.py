@@ -189,6 +189,8 @@ def test_a_failed_condition_is_journaled_and_the_sweep_goes_on(root_netns, tmp_p
     assert first["status"] == "failed"
     assert "link does not measure as requested" in first["reason"]
     assert first["link"]["summary"]["rtt_measured_ms"] > 0  # what was measured is kept
+    (tried,) = first["link"]["failed_tries"]  # probed again once before failing
+    assert "link does not measure as requested" in tried["problem"]
     assert second["status"] == "done"
     assert leftovers(LAB) == []
 
@@ -255,7 +257,8 @@ def test_same_experiment_on_all_three_lab_kinds(root_netns, tmp_path, tiny_pair)
                 playbook, out=tmp_path / where, inventory=str(inv), say=lambda _m: None
             )
     for kind, outcome in outcomes.items():
-        assert (outcome.done, outcome.failed) == (1, 0), kind
+        reasons = [e.get("reason") for e in RunStore(outcome.store.root).journal()]
+        assert (outcome.done, outcome.failed) == (1, 0), (kind, reasons)
         manifest = json.loads((outcome.store.root / "manifest.json").read_text())
         assert manifest["lab"]["kind"] == kind.split("/")[0]
         if kind.startswith("inventory/"):

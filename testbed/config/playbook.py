@@ -205,6 +205,13 @@ class ImpairmentSection(Strict):
     backend: Literal["auto", "netem", "nfqueue"] = "auto"
     rtt_tolerance_ms: float = Field(1.0, gt=0, description="max |measured - requested| RTT")
     probe_packets: int = Field(200, ge=10)
+    probe_retries: int = Field(
+        1,
+        ge=0,
+        description="probes a link that does not measure as requested again, up to this many "
+        "times, before the condition fails (a stall of the machine during a probe is not the "
+        "link; a broken impairment fails every probe)",
+    )
 
 
 class Playbook(Strict):

@@ -2,14 +2,19 @@
 
 The guard catches an impairment that silently failed (no delay, no loss, everything lost),
 not statistical noise: RTT must be within the playbook's tolerance of the request, and each
-direction's loss within four binomial standard deviations of it (at least 2 points). The
-95 % binomial verdicts of the probe are stored beside it for the record.
+direction's loss within four binomial standard deviations of it (at least 2 points). A link
+that fails is probed again (`impairment.probe_retries` times) before the condition fails: a
+probe lasts about a second, and a stall of the machine meanwhile (a paused VM, a busy CPU
+delaying a probe that times its echoes in user space) moves its median, where a broken
+impairment fails every probe. Each failed try is kept in the record. The 95 % binomial
+verdicts of the probe are stored beside it for the record.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from testbed.config.playbook import ImpairmentSection
@@ -78,3 +83,31 @@ def summarize_links(probes: dict[str, ProbeResult]) -> dict[str, Any]:
         "loss_measured": _mean([x for x in (up, down) if x is not None]),
         "loss_within_95": all(r.ok for r in probes.values()),
     }
+
+
+def probe_checked(
+    record: dict[str, Any],
+    probe: Callable[[], dict[str, ProbeResult]],
+    profiles: dict[str, LinkProfile],
+    knobs: ImpairmentSection,
+    save: Callable[[], None],
+    say: Callable[[str], None],
+) -> None:
+    """Probe the links into `record` (`summary`, `probes`, and each failed try's problem and
+    summary under `failed_tries`), `save` it, and check them; a failed check probes again up
+    to `knobs.probe_retries` times, then raises its ImpairmentError."""
+    for attempt in range(knobs.probe_retries + 1):
+        probes = probe()
+        record["summary"] = summarize_links(probes)
+        record["probes"] = {d: r.model_dump(mode="json") for d, r in probes.items()}
+        save()
+        try:
+            check_links(probes, profiles, knobs)
+            return
+        except ImpairmentError as exc:
+            if attempt == knobs.probe_retries:
+                raise
+            record.setdefault("failed_tries", []).append(
+                {"problem": str(exc), "summary": record["summary"]}
+            )
+            say(f"  {exc}; probing again ({attempt + 1} of {knobs.probe_retries})")

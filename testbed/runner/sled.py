@@ -36,7 +36,7 @@ from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
 from testbed.results.atomic import atomic_write_json
 from testbed.results.tables import tables_from_records
 from testbed.runner.lab_key import ensure_lab_key, key_path_on, place_lab_key
-from testbed.runner.linkcheck import check_links, summarize_links
+from testbed.runner.linkcheck import probe_checked
 from testbed.runner.workload import arrivals_for, problems_for, write_problem_file
 
 SERVER_PORT = 7000
@@ -305,19 +305,17 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
         if ctx.dry_run:
             ctx.say(f"  probe {len(devices)} device links, {knobs.probe_packets} UDP packets each")
         else:
-            probes = probe_links(lab, list(profiles), requested=profile, count=knobs.probe_packets)
-            link["summary"] = summarize_links(probes)
-            link["probes"] = {d: r.model_dump(mode="json") for d, r in probes.items()}
-            atomic_write_json(staged / "link.json", link)
-            check_links(probes, profiles, knobs)
+            n = knobs.probe_packets
+            probe_checked(
+                link,
+                lambda: probe_links(lab, list(profiles), requested=profile, count=n),
+                profiles, knobs, lambda: atomic_write_json(staged / "link.json", link), ctx.say,
+            )  # fmt: skip
             if backup:  # over each device's backup interface, while traffic stays on primary
-                bprobes = probe_backup(lab, backup, count=knobs.probe_packets)
-                link["backup"]["summary"] = summarize_links(bprobes)
-                link["backup"]["probes"] = {
-                    d: r.model_dump(mode="json") for d, r in bprobes.items()
-                }
-                atomic_write_json(staged / "link.json", link)
-                check_links(bprobes, backup, knobs)
+                probe_checked(
+                    link["backup"], lambda: probe_backup(lab, backup, count=n), backup, knobs,
+                    lambda: atomic_write_json(staged / "link.json", link), ctx.say,
+                )  # fmt: skip
 
         records = f"runs/{cond.id}"
         server_records = f"{server.workdir}/{records}"

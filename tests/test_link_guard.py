@@ -1,0 +1,94 @@
+"""The link guard of a condition: a link that does not measure as requested is probed again
+before the condition fails, and every try is kept in the record (hand-built probe results)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from testbed.config.playbook import ImpairmentSection
+from testbed.errors import ImpairmentError
+from testbed.netem.probe import ProbeResult, summarize
+from testbed.netem.profile import LinkProfile
+from testbed.runner.linkcheck import probe_checked
+
+WANT = LinkProfile(rtt_ms=40)
+PROFILES = {"dev1": WANT}
+
+
+def measured(rtt_ms: float) -> dict[str, ProbeResult]:
+    """dev1's probe: 50 echoes, every one back after `rtt_ms`."""
+    return {"dev1": summarize("dev1", WANT, 50, list(range(50)), dict.fromkeys(range(50), rtt_ms))}
+
+
+class Probes:
+    """Hands out the given medians, one a probe, and counts the saves between them."""
+
+    def __init__(self, *rtts: float) -> None:
+        self.rtts = list(rtts)
+        self.calls = self.saves = 0
+        self.said: list[str] = []
+
+    def probe(self) -> dict[str, ProbeResult]:
+        self.calls += 1
+        return measured(self.rtts.pop(0))
+
+    def save(self) -> None:
+        self.saves += 1
+
+
+def run(probes: Probes, retries: int = 1) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    knobs = ImpairmentSection(probe_retries=retries)
+    probe_checked(record, probes.probe, PROFILES, knobs, probes.save, probes.said.append)
+    return record
+
+
+def test_a_link_that_measures_as_asked_is_probed_once():
+    probes = Probes(40.2)
+    record = run(probes)
+    assert (probes.calls, probes.saves, probes.said) == (1, 1, [])
+    assert record["summary"]["rtt_measured_ms"] == pytest.approx(40.2)
+    assert "failed_tries" not in record
+
+
+def test_a_stalled_probe_is_probed_again_and_its_try_kept():
+    probes = Probes(41.4, 40.1)
+    record = run(probes)
+    assert (probes.calls, probes.saves) == (2, 2)
+    assert record["summary"]["rtt_measured_ms"] == pytest.approx(40.1)
+    assert record["probes"]["dev1"]["rtt_ms"]["p50"] == pytest.approx(40.1)
+    (first,) = record["failed_tries"]
+    assert "dev1: median RTT 41.40 ms" in first["problem"]
+    assert first["summary"]["rtt_measured_ms"] == pytest.approx(41.4)
+    assert len(probes.said) == 1 and "probing again (1 of 1)" in probes.said[0]
+
+
+def test_no_retries_fails_on_the_first_probe():
+    probes = Probes(0.1, 40.0)
+    record: dict[str, Any] = {}
+    knobs = ImpairmentSection(probe_retries=0)
+    with pytest.raises(ImpairmentError):
+        probe_checked(record, probes.probe, PROFILES, knobs, probes.save, probes.said.append)
+    assert probes.calls == 1
+    assert record["summary"]["rtt_measured_ms"] == pytest.approx(0.1)
+    assert "failed_tries" not in record
+
+
+def test_a_link_that_fails_every_try_fails_with_every_try_recorded():
+    probes = Probes(0.1, 0.2, 0.3)
+    record: dict[str, Any] = {}
+    knobs = ImpairmentSection(probe_retries=2)
+    with pytest.raises(ImpairmentError, match=r"dev1: median RTT 0\.30 ms, requested 40\.0"):
+        probe_checked(record, probes.probe, PROFILES, knobs, probes.save, probes.said.append)
+    assert probes.calls == 3 and probes.saves == 3
+    assert [t["summary"]["rtt_measured_ms"] for t in record["failed_tries"]] == pytest.approx(
+        [0.1, 0.2]
+    )
+    assert record["summary"]["rtt_measured_ms"] == pytest.approx(0.3)
+
+
+def test_probe_retries_must_not_be_negative():
+    with pytest.raises(ValueError, match="probe_retries"):
+        ImpairmentSection(probe_retries=-1)
