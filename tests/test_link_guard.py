@@ -1,5 +1,6 @@
 """The link guard of a condition: a link that does not measure as requested is probed again
-before the condition fails, and every try is kept in the record (hand-built probe results)."""
+before the condition fails, every try is kept in the record, and the RTT tolerance is wider
+where the probe times echoes in user space (hand-built probe results)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,15 @@ class Probes:
         self.saves += 1
 
 
+def check(
+    probes: Probes, knobs: ImpairmentSection, record: dict[str, Any], user_rx: bool = False
+) -> None:
+    probe_checked(record, probes.probe, PROFILES, knobs, user_rx, probes.save, probes.said.append)
+
+
 def run(probes: Probes, retries: int = 1) -> dict[str, Any]:
     record: dict[str, Any] = {}
-    knobs = ImpairmentSection(probe_retries=retries)
-    probe_checked(record, probes.probe, PROFILES, knobs, probes.save, probes.said.append)
+    check(probes, ImpairmentSection(probe_retries=retries), record)
     return record
 
 
@@ -70,7 +76,7 @@ def test_no_retries_fails_on_the_first_probe():
     record: dict[str, Any] = {}
     knobs = ImpairmentSection(probe_retries=0)
     with pytest.raises(ImpairmentError):
-        probe_checked(record, probes.probe, PROFILES, knobs, probes.save, probes.said.append)
+        check(probes, knobs, record)
     assert probes.calls == 1
     assert record["summary"]["rtt_measured_ms"] == pytest.approx(0.1)
     assert "failed_tries" not in record
@@ -81,7 +87,7 @@ def test_a_link_that_fails_every_try_fails_with_every_try_recorded():
     record: dict[str, Any] = {}
     knobs = ImpairmentSection(probe_retries=2)
     with pytest.raises(ImpairmentError, match=r"dev1: median RTT 0\.30 ms, requested 40\.0"):
-        probe_checked(record, probes.probe, PROFILES, knobs, probes.save, probes.said.append)
+        check(probes, knobs, record)
     assert probes.calls == 3 and probes.saves == 3
     assert [t["summary"]["rtt_measured_ms"] for t in record["failed_tries"]] == pytest.approx(
         [0.1, 0.2]
@@ -92,3 +98,26 @@ def test_a_link_that_fails_every_try_fails_with_every_try_recorded():
 def test_probe_retries_must_not_be_negative():
     with pytest.raises(ValueError, match="probe_retries"):
         ImpairmentSection(probe_retries=-1)
+
+
+@pytest.mark.parametrize(
+    ("user_rx", "set_ms", "tolerance", "passes"),
+    [
+        (False, None, 1.0, False),  # kernel stamps: 1.5 ms off is too far
+        (True, None, 2.0, True),  # timed in user space (a lab impaired on its hosts)
+        (True, 1.2, 1.2, False),  # a tolerance the playbook sets holds for both
+        (False, 1.6, 1.6, True),
+    ],
+)
+def test_the_rtt_tolerance_is_wider_where_the_probe_times_echoes_in_user_space(
+    user_rx, set_ms, tolerance, passes
+):
+    probes = Probes(41.5)
+    record: dict[str, Any] = {}
+    knobs = ImpairmentSection(probe_retries=0, rtt_tolerance_ms=set_ms)
+    if passes:
+        check(probes, knobs, record, user_rx)
+    else:
+        with pytest.raises(ImpairmentError, match=rf"\(tolerance {tolerance} ms\)"):
+            check(probes, knobs, record, user_rx)
+    assert record["rtt_tolerance_ms"] == tolerance

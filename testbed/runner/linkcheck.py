@@ -1,7 +1,8 @@
 """Summaries of link probes and the guard that refuses a link that does not measure as asked.
 
 The guard catches an impairment that silently failed (no delay, no loss, everything lost),
-not statistical noise: RTT must be within the playbook's tolerance of the request, and each
+not statistical noise: the median RTT must be within the playbook's tolerance of the request
+(`ImpairmentSection.rtt_tolerance`: wider where the probe times echoes in user space), and each
 direction's loss within four binomial standard deviations of it (at least 2 points). A link
 that fails is probed again (`impairment.probe_retries` times) before the condition fails: a
 probe lasts about a second, and a stall of the machine meanwhile (a paused VM, a busy CPU
@@ -33,18 +34,19 @@ def loss_guard_ok(fig: LossFigure) -> bool:
 
 
 def check_links(
-    probes: dict[str, ProbeResult], profiles: dict[str, LinkProfile], knobs: ImpairmentSection
+    probes: dict[str, ProbeResult], profiles: dict[str, LinkProfile], tolerance_ms: float
 ) -> None:
-    """Raise ImpairmentError naming each device link that does not measure as its profile."""
+    """Raise ImpairmentError naming each device link that does not measure as its profile
+    (median RTT within `tolerance_ms`, loss within the band above)."""
     problems = []
     for dev, r in probes.items():
         want = profiles[dev]
         if want.round_trip_loss < 1 and r.rtt_ms is not None:
             err = r.rtt_ms.p50 - want.rtt_ms
-            if abs(err) > knobs.rtt_tolerance_ms:
+            if abs(err) > tolerance_ms:
                 problems.append(
                     f"{dev}: median RTT {r.rtt_ms.p50:.2f} ms, requested {want.rtt_ms} ms "
-                    f"(tolerance {knobs.rtt_tolerance_ms} ms)"
+                    f"(tolerance {tolerance_ms} ms)"
                 )
         elif want.round_trip_loss < 1:
             problems.append(
@@ -90,19 +92,22 @@ def probe_checked(
     probe: Callable[[], dict[str, ProbeResult]],
     profiles: dict[str, LinkProfile],
     knobs: ImpairmentSection,
+    user_space_rx: bool,
     save: Callable[[], None],
     say: Callable[[str], None],
 ) -> None:
-    """Probe the links into `record` (`summary`, `probes`, and each failed try's problem and
-    summary under `failed_tries`), `save` it, and check them; a failed check probes again up
-    to `knobs.probe_retries` times, then raises its ImpairmentError."""
+    """Probe the links into `record` (`rtt_tolerance_ms`, `summary`, `probes`, and each failed
+    try's problem and summary under `failed_tries`), `save` it, and check them (`user_space_rx`:
+    how the probe times echoes, for the tolerance); a failed check probes again up to
+    `knobs.probe_retries` times, then raises its ImpairmentError."""
+    tolerance = record["rtt_tolerance_ms"] = knobs.rtt_tolerance(user_space_rx)
     for attempt in range(knobs.probe_retries + 1):
         probes = probe()
         record["summary"] = summarize_links(probes)
         record["probes"] = {d: r.model_dump(mode="json") for d, r in probes.items()}
         save()
         try:
-            check_links(probes, profiles, knobs)
+            check_links(probes, profiles, tolerance)
             return
         except ImpairmentError as exc:
             if attempt == knobs.probe_retries:
