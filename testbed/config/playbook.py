@@ -199,6 +199,10 @@ class BalanceSection(Strict):
         return self
 
 
+RTT_TOLERANCE_MS = 1.0  # the link guard's default where kernel stamps time the probe's echoes
+USER_SPACE_RTT_TOLERANCE_MS = 2.0  # where the probe times them in user space (adds 0.2-1 ms)
+
+
 class ImpairmentSection(Strict):
     """Run-only knobs of the impairment (the link itself is the `link` profile)."""
 
@@ -206,8 +210,9 @@ class ImpairmentSection(Strict):
     rtt_tolerance_ms: float | None = Field(
         None,
         gt=0,
-        description="max |measured - requested| median RTT; default 1.0 ms, and 2.0 ms on a lab "
-        "impaired on its hosts, whose probe times echoes in user space (adds 0.2-1 ms)",
+        description=f"max |measured - requested| median RTT; default {RTT_TOLERANCE_MS} ms, and "
+        f"{USER_SPACE_RTT_TOLERANCE_MS} ms on a lab impaired on its hosts, whose probe times "
+        "echoes in user space (adds 0.2-1 ms)",
     )
     probe_packets: int = Field(200, ge=10)
     probe_retries: int = Field(
@@ -222,7 +227,7 @@ class ImpairmentSection(Strict):
         """The median RTT tolerance: as set, else the default for how the probe times echoes."""
         if self.rtt_tolerance_ms is not None:
             return self.rtt_tolerance_ms
-        return 2.0 if user_space_rx else 1.0
+        return USER_SPACE_RTT_TOLERANCE_MS if user_space_rx else RTT_TOLERANCE_MS
 
 
 class Playbook(Strict):
