@@ -374,10 +374,12 @@ def test_each_releaser_alone_keeps_order_and_delay_and_says_who_released(lab: Em
         clear(lab)
         assert list(raw.rtt_ms) == sorted(raw.rtt_ms) and len(raw.rtt_ms) == 300, flags
         rtts = list(raw.rtt_ms.values())
-        # within +-j each way (+ FIFO wait, + the backup's 0.2 ms grace each way)
-        assert min(rtts) >= 32 - 0.5 and max(rtts) <= 48 + 5.0, flags
         counts = [c for c in release_counts(lab) if c.link == "dev1"]
         assert sorted(c.direction for c in counts) == ["down", "up"], counts
+        # within +-j each way (+ FIFO wait, + the backup's 0.2 ms grace each way), + however
+        # late the releaser alone says it released (a VM pause of its one CPU; none otherwise)
+        late_ms = sum(c.latest_ms for c in counts)
+        assert min(rtts) >= 32 - 0.5 and max(rtts) <= 48 + 5.0 + late_ms, (flags, late_ms)
         assert all(c.released >= 300 for c in counts)
         assert all(c.by_backup == round(backup_share * c.released) for c in counts), counts
         # alone, the backup also reads every packet (as it does when the main thread's CPU is
