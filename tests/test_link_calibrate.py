@@ -78,7 +78,7 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
     line = (
         "queue={q} link={link}/{d} gen={g} in=120 out={out} lost=3 full=0 late_us_mean=12.5 "
         "late_us_max={mx} late_over_500us={late} by_backup=3 unstamped={unstamped} "
-        "read_by_backup={read}"
+        "read_by_backup={read} probe_stamped={read} probe_unstamped=0"
     )
     log = "\n".join([
         START_MARK,
@@ -102,6 +102,7 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
     assert counts[0].latest_ms == pytest.approx(3.5695)
     assert [c.unstamped for c in counts] == [0, 7, 0]
     assert [c.read_by_backup for c in counts] == [2, 0, 0]
+    assert [c.probe_stamped for c in counts] == [2, 0, 0]
     bench = LinkBench(85, 1, [], holder=counts)
     assert bench.holder_late == (267, 4, pytest.approx(3.5695))
 
@@ -115,7 +116,8 @@ def test_spells_when_neither_releaser_ran_are_read_per_generation() -> None:
         START_MARK,
         "held_up gen=4 both=2 longest_us=4670.5 total_us=6100.0",
         "queue=1 link=dev1/up gen=5 in=1 out=1 lost=0 full=0 late_us_mean=1.0 late_us_max=1.0 "
-        "late_over_500us=0 by_backup=0 unstamped=0 read_by_backup=0",
+        "late_over_500us=0 by_backup=0 unstamped=0 read_by_backup=0 probe_stamped=0 "
+        "probe_unstamped=0",
         "held_up gen=5 both=0 longest_us=0.0 total_us=0.0",
         "held_up gen=x both=1",  # not a held-up line: skipped
         "held_up_spell gen=4 from_ns=1000 to_ns=5000",

@@ -1,6 +1,6 @@
 """The link guard of a condition: a link that does not measure as requested is probed again
 before the condition fails, every try is kept in the record, and the RTT tolerance is wider
-where the probe times echoes in user space (hand-built probe results)."""
+where the probe timed most echoes in user space (hand-built probe results)."""
 
 from __future__ import annotations
 
@@ -18,31 +18,31 @@ WANT = LinkProfile(rtt_ms=40)
 PROFILES = {"dev1": WANT}
 
 
-def measured(rtt_ms: float) -> dict[str, ProbeResult]:
-    """dev1's probe: 50 echoes, every one back after `rtt_ms`."""
-    return {"dev1": summarize("dev1", WANT, 50, list(range(50)), dict.fromkeys(range(50), rtt_ms))}
+def measured(rtt_ms: float, user_rx: int | None = None) -> dict[str, ProbeResult]:
+    """dev1's probe: 50 echoes, every one back after `rtt_ms`, `user_rx` of them timed in user
+    space (None: by kernel stamps)."""
+    echoes = dict.fromkeys(range(50), rtt_ms)
+    return {"dev1": summarize("dev1", WANT, 50, list(range(50)), echoes, rx_user_space=user_rx)}
 
 
 class Probes:
     """Hands out the given medians, one a probe, and counts the saves between them."""
 
-    def __init__(self, *rtts: float) -> None:
-        self.rtts = list(rtts)
+    def __init__(self, *rtts: float, user_rx: int | None = None) -> None:
+        self.rtts, self.user_rx = list(rtts), user_rx
         self.calls = self.saves = 0
         self.said: list[str] = []
 
     def probe(self) -> dict[str, ProbeResult]:
         self.calls += 1
-        return measured(self.rtts.pop(0))
+        return measured(self.rtts.pop(0), self.user_rx)
 
     def save(self) -> None:
         self.saves += 1
 
 
-def check(
-    probes: Probes, knobs: ImpairmentSection, record: dict[str, Any], user_rx: bool = False
-) -> None:
-    probe_checked(record, probes.probe, PROFILES, knobs, user_rx, probes.save, probes.said.append)
+def check(probes: Probes, knobs: ImpairmentSection, record: dict[str, Any]) -> None:
+    probe_checked(record, probes.probe, PROFILES, knobs, probes.save, probes.said.append)
 
 
 def run(probes: Probes, retries: int = 1) -> dict[str, Any]:
@@ -103,21 +103,38 @@ def test_probe_retries_must_not_be_negative():
 @pytest.mark.parametrize(
     ("user_rx", "set_ms", "tolerance", "passes"),
     [
-        (False, None, 1.0, False),  # kernel stamps: 1.5 ms off is too far
-        (True, None, 2.0, True),  # timed in user space (a lab impaired on its hosts)
-        (True, 1.2, 1.2, False),  # a tolerance the playbook sets holds for both
-        (False, 1.6, 1.6, True),
+        (None, None, 1.0, False),  # kernel stamps: 1.5 ms off is too far
+        (0, None, 1.0, False),  # held after the kernel's stamp, every echo stamped by the holder
+        (20, None, 1.0, False),  # 20 of 50 in user space: the median is still a stamped one
+        (26, None, 2.0, True),  # most timed in user space
+        (26, 1.2, 1.2, False),  # a tolerance the playbook sets holds for all
+        (None, 1.6, 1.6, True),
     ],
 )
-def test_the_rtt_tolerance_is_wider_where_the_probe_times_echoes_in_user_space(
+def test_the_rtt_tolerance_is_wider_where_the_probe_timed_most_echoes_in_user_space(
     user_rx, set_ms, tolerance, passes
 ):
-    probes = Probes(41.5)
+    probes = Probes(41.5, user_rx=user_rx)
     record: dict[str, Any] = {}
     knobs = ImpairmentSection(probe_retries=0, rtt_tolerance_ms=set_ms)
     if passes:
-        check(probes, knobs, record, user_rx)
+        check(probes, knobs, record)
     else:
         with pytest.raises(ImpairmentError, match=rf"\(tolerance {tolerance} ms\)"):
-            check(probes, knobs, record, user_rx)
+            check(probes, knobs, record)
     assert record["rtt_tolerance_ms"] == tolerance
+
+
+def test_a_probe_line_says_how_many_echoes_the_holder_stamped():
+    from testbed.netem.probe import format_result
+
+    echoes = dict.fromkeys(range(50), 40.0)
+    held = summarize("dev1", WANT, 50, list(range(50)), echoes, rx_user_space=2,
+                     rx_wake_ms=[0.1, 0.3, 0.2])  # fmt: skip
+    line = format_result(held)
+    assert line.endswith(
+        "; 48 of 50 timed by the holder's release stamps (user space read them 0.20 ms later, "
+        "median)"
+    ), line
+    assert not held.timed_in_user_space
+    assert "release stamps" not in format_result(summarize("dev1", WANT, 50, [], echoes))

@@ -227,9 +227,26 @@ def test_probe_moves_kernel_wall_clock_stamps_to_the_monotonic_clock() -> None:
 
     wall = time.time_ns() - 2_000_000  # the kernel stamped it 2 ms ago, on the wall clock
     anc = [(socket.SOL_SOCKET, SO_TIMESTAMPNS, struct.pack("qq", *divmod(wall, 1_000_000_000)))]
-    got, mono_now = _recv_time(anc), time.monotonic_ns()
+    read_at = time.monotonic_ns()
+    got, mono_now = _recv_time(anc, read_at, None), time.monotonic_ns()
     assert 1_000_000 < mono_now - got < 50_000_000  # about 2 ms before now, monotonic
-    assert _recv_time([]) <= time.monotonic_ns()  # none: now, monotonic too
+    assert _recv_time([], read_at, None) == read_at  # none: when it was read, monotonic too
+
+
+def test_probe_takes_the_holders_release_stamp_after_an_ingress_hold() -> None:
+    """Held after the kernel stamped it, a datagram's receive time is the holder's release
+    stamp, never the kernel's (before the hold); one without is timed when it was read."""
+    import struct
+    import time
+
+    from testbed.netem.udp_probe import SO_TIMESTAMPNS, _recv_time
+
+    wall = time.time_ns() - 40_000_000  # arrival, before a 40 ms hold
+    anc = [(socket.SOL_SOCKET, SO_TIMESTAMPNS, struct.pack("qq", *divmod(wall, 1_000_000_000)))]
+    read_at = time.monotonic_ns()
+    released = read_at - 100_000
+    assert _recv_time(anc, read_at, released) == released
+    assert _recv_time(anc, read_at, 0) == read_at
 
 
 def test_unimpaired_link_is_fast(lab: EmulatedLab) -> None:

@@ -200,7 +200,7 @@ class BalanceSection(Strict):
 
 
 RTT_TOLERANCE_MS = 1.0  # the link guard's default where kernel stamps time the probe's echoes
-USER_SPACE_RTT_TOLERANCE_MS = 2.0  # where the probe times them in user space (adds 0.2-1 ms)
+USER_SPACE_RTT_TOLERANCE_MS = 2.0  # where it timed most in user space (adds 0.2-1 ms)
 
 
 class ImpairmentSection(Strict):
@@ -211,8 +211,9 @@ class ImpairmentSection(Strict):
         None,
         gt=0,
         description=f"max |measured - requested| median RTT; default {RTT_TOLERANCE_MS} ms, and "
-        f"{USER_SPACE_RTT_TOLERANCE_MS} ms on a lab impaired on its hosts, whose probe times "
-        "echoes in user space (adds 0.2-1 ms)",
+        f"{USER_SPACE_RTT_TOLERANCE_MS} ms for a probe that timed most echoes in user space "
+        "(adds 0.2-1 ms; only where packets held after the kernel's stamp had no release stamp "
+        "from the holder)",
     )
     probe_packets: int = Field(200, ge=10)
     probe_retries: int = Field(
@@ -224,7 +225,7 @@ class ImpairmentSection(Strict):
     )
 
     def rtt_tolerance(self, user_space_rx: bool) -> float:
-        """The median RTT tolerance: as set, else the default for how the probe times echoes."""
+        """The median RTT tolerance: as set, else the default for how the probe timed echoes."""
         if self.rtt_tolerance_ms is not None:
             return self.rtt_tolerance_ms
         return USER_SPACE_RTT_TOLERANCE_MS if user_space_rx else RTT_TOLERANCE_MS

@@ -36,8 +36,16 @@
  * --no-backup runs the main thread alone, --backup-only leaves every read and release to the
  * backup (both to measure one releaser alone).
  *
+ * --stamp-probes writes each probe datagram's release time into it, for a probe whose packets are
+ * held on the receiving host after the kernel stamped their arrival (a lab impaired on its
+ * hosts): an IPv4 UDP datagram of at most STAMP_MAX_BYTES whose payload starts with PROBE_MAGIC
+ * gets, in the 8 bytes after it, the CLOCK_MONOTONIC ns at which its verdict was issued (big
+ * endian; its UDP checksum recomputed). Such a packet is accepted on its own, in order between
+ * the batches before and after it; one that finds its queue's STAMP_SLOTS copies in use passes
+ * unstamped (counted as probe_unstamped).
+ *
  * usage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] [--log FILE] [--no-backup |
- *                  --backup-only] SPEC
+ *                  --backup-only] [--stamp-probes] SPEC
  * Prints "ready" on stdout once every queue is bound; on SIGTERM/SIGINT releases what it holds,
  * prints per-queue counts on stderr and exits 0. Counts are per generation: a reload first
  * prints each queue's counts under the generation it replaces, then starts them afresh.
@@ -79,10 +87,13 @@
 #define HELD_UP_NS 500000ULL /* a releaser this late after its timer, or this long over a pass,
                                  * was held up */
 #define MAX_SPELLS 4096 /* spells listed per generation (all are counted) */
+#define STAMP_MAX_BYTES 512 /* --stamp-probes: the longest packet stamped (and bytes copied) */
+#define STAMP_SLOTS 256     /* ... and the probe packets one queue may hold at once */
+static const char PROBE_MAGIC[4] = {'t', 'b', 'R', 'X'};
 enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };
 static const char *DIST_NAMES[] = {"uniform", "normal", "pareto", "paretonormal"};
 
-typedef struct { uint32_t id; uint64_t due; } held_t;
+typedef struct { uint32_t id; int32_t stamp; uint64_t due; } held_t; /* stamp: slot, or -1 */
 
 typedef struct {
     uint64_t at_ns, delay_ns, jitter_ns;
@@ -101,6 +112,11 @@ typedef struct {
     held_t *ring;
     size_t cap;
     _Atomic size_t head, tail; /* head: taken by either releaser; tail: by the reader */
+    unsigned char (*probe_copy)[STAMP_MAX_BYTES]; /* --stamp-probes: held probe packets */
+    uint16_t *probe_len;
+    _Atomic size_t probe_head, probe_tail; /* used in FIFO order, as the ring */
+    _Atomic unsigned long n_probe_stamped;
+    unsigned long n_probe_unstamped;
     _Atomic int releasing;     /* a releaser holds the queue: from reading its run to the verdict */
     unsigned long n_in, n_lost, n_full, n_unstamped; /* unstamped: held from when it was read */
     unsigned long n_read_by_backup;                  /* read by the backup (waiting unread) */
@@ -121,6 +137,7 @@ static int64_t wake_late_ns;
 static volatile sig_atomic_t stop, reload;
 static pthread_mutex_t queues_lock = PTHREAD_MUTEX_INITIALIZER; /* queues[] changes under it */
 static int backup_only; /* --backup-only: the main thread neither reads nor releases */
+static int stamp_probes; /* --stamp-probes */
 static uint64_t seed;
 static FILE *change_log;
 
@@ -253,6 +270,70 @@ static uint64_t arrival_ns(queue_t *q, struct nfq_data *nfa, uint64_t now) {
     return (uint64_t)at;
 }
 
+/* Offset of the release stamp in pkt (an IPv4 packet of `len` bytes, whole): its UDP payload
+ * after PROBE_MAGIC when it is a probe datagram; 0 otherwise. */
+static size_t probe_stamp_at(const unsigned char *pkt, int len) {
+    if (len < 20 || len > STAMP_MAX_BYTES || (pkt[0] >> 4) != 4 || pkt[9] != 17) return 0;
+    size_t ihl = (size_t)(pkt[0] & 0x0f) * 4, total = (size_t)pkt[2] << 8 | pkt[3];
+    if (ihl < 20 || total != (size_t)len || (((pkt[6] & 0x3f) << 8) | pkt[7]) != 0) return 0;
+    size_t payload = ihl + 8; /* not a fragment, and the whole datagram is here */
+    if (payload + sizeof PROBE_MAGIC + 8 > total) return 0;
+    if (memcmp(pkt + payload, PROBE_MAGIC, sizeof PROBE_MAGIC) != 0) return 0;
+    return payload + sizeof PROBE_MAGIC;
+}
+
+/* Internet checksum words of `n` bytes added to `sum`. */
+static uint32_t sum16(uint32_t sum, const unsigned char *p, size_t n) {
+    for (size_t i = 0; i + 1 < n; i += 2) sum += (uint32_t)(p[i] << 8 | p[i + 1]);
+    if (n & 1) sum += (uint32_t)(p[n - 1] << 8);
+    return sum;
+}
+
+/* Write `when` (big endian) at `at` of the probe packet and recompute its UDP checksum (one of
+ * 0 stays 0: none). */
+static void write_stamp(unsigned char *pkt, size_t len, size_t at, uint64_t when) {
+    for (int i = 0; i < 8; i++) pkt[at + (size_t)i] = (unsigned char)(when >> (56 - 8 * i));
+    size_t ihl = (size_t)(pkt[0] & 0x0f) * 4;
+    unsigned char *udp = pkt + ihl;
+    if (udp[6] == 0 && udp[7] == 0) return;
+    size_t udp_len = len - ihl;
+    udp[6] = udp[7] = 0;
+    uint32_t sum = sum16(0, pkt + 12, 8) + 17 + (uint32_t)udp_len; /* pseudo-header */
+    sum = sum16(sum, udp, udp_len);
+    while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+    uint16_t check = (uint16_t)~sum;
+    if (check == 0) check = 0xffff;
+    udp[6] = (unsigned char)(check >> 8);
+    udp[7] = (unsigned char)(check & 0xff);
+}
+
+/* Keep a copy of a probe packet to stamp at its release; its slot, or -1 (not a probe, or no
+ * slot free: counted). */
+static int32_t keep_probe(queue_t *q, struct nfq_data *nfa) {
+    unsigned char *pkt;
+    int len = nfq_get_payload(nfa, &pkt);
+    if (!q->probe_copy || len <= 0 || !probe_stamp_at(pkt, len)) return -1;
+    size_t tail = atomic_load(&q->probe_tail), next = (tail + 1) % STAMP_SLOTS;
+    if (next == atomic_load(&q->probe_head)) {
+        q->n_probe_unstamped++;
+        return -1;
+    }
+    memcpy(q->probe_copy[tail], pkt, (size_t)len);
+    q->probe_len[tail] = (uint16_t)len;
+    atomic_store(&q->probe_tail, next);
+    return (int32_t)tail;
+}
+
+/* Accept one held probe packet with its release time written in, and free its slot. */
+static void accept_stamped(queue_t *q, const held_t *h) {
+    unsigned char *pkt = q->probe_copy[h->stamp];
+    size_t len = q->probe_len[h->stamp];
+    write_stamp(pkt, len, probe_stamp_at(pkt, (int)len), now_ns());
+    nfq_set_verdict(q->qh, h->id, NF_ACCEPT, (uint32_t)len, pkt);
+    atomic_store(&q->probe_head, ((size_t)h->stamp + 1) % STAMP_SLOTS);
+    q->n_probe_stamped++;
+}
+
 static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa,
                      void *data) {
     (void)msg;
@@ -279,13 +360,15 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     if ((uint64_t)due < q->last_due) due = (int64_t)q->last_due; /* FIFO: no reordering */
     q->last_due = (uint64_t)due;
     q->ring[tail].id = id;
+    q->ring[tail].stamp = keep_probe(q, nfa);
     q->ring[tail].due = (uint64_t)due;
     atomic_store(&q->tail, next); /* publishes the slot to the releasers */
     return 0;
 }
 
-/* Accept the held packets of q due by `cutoff` (all if `all`) with one batch verdict, for this
- * thread's releaser. Returns 1 (and does nothing) while the other releaser holds q.
+/* Accept the held packets of q due by `cutoff` (all if `all`) with one batch verdict (probe
+ * packets to stamp each on their own, in order), for this thread's releaser. Returns 1 (and
+ * does nothing) while the other releaser holds q.
  * Lateness counts to when the run is read (after the verdicts of the queues before it in this
  * pass). The run is read before head moves past it, since the main thread may refill its slots
  * as soon as it has. */
@@ -295,21 +378,30 @@ static int release_queue(queue_t *q, int all, uint64_t cutoff) {
     uint64_t t = now_ns();
     size_t head = atomic_load(&q->head), tail = atomic_load(&q->tail), end = head;
     uint32_t last = 0;
+    int batch = 0; /* packets up to `last` wait for a batch verdict */
     uint64_t sum = 0, worst = 0;
     unsigned long n = 0, late500 = 0;
     while (end != tail && (all || q->ring[end].due <= cutoff)) {
-        int64_t late = (int64_t)(t - q->ring[end].due);
+        const held_t *h = &q->ring[end];
+        int64_t late = (int64_t)(t - h->due);
         if (late < 0) late = 0;
         sum += (uint64_t)late;
         if ((uint64_t)late > worst) worst = (uint64_t)late;
         late500 += late > 500000;
-        last = q->ring[end].id;
+        if (h->stamp >= 0) {
+            if (batch) nfq_set_verdict_batch(q->qh, last, NF_ACCEPT);
+            accept_stamped(q, h);
+            batch = 0;
+        } else {
+            last = h->id;
+            batch = 1;
+        }
         n++;
         end = (end + 1) % q->cap;
     }
     if (n > 0) {
         atomic_store(&q->head, end);
-        nfq_set_verdict_batch(q->qh, last, NF_ACCEPT);
+        if (batch) nfq_set_verdict_batch(q->qh, last, NF_ACCEPT);
         q->n_out += n;
     }
     atomic_store(&q->releasing, 0);
@@ -439,12 +531,14 @@ static void flush_counts(queue_t *q) {
         fprintf(stderr,
                 "queue=%d link=%s/%s gen=%lu in=%lu out=%lu lost=%lu full=%lu late_us_mean=%.1f "
                 "late_us_max=%.1f late_over_500us=%lu by_backup=%lu unstamped=%lu "
-                "read_by_backup=%lu\n",
+                "read_by_backup=%lu probe_stamped=%lu probe_unstamped=%lu\n",
                 q->num, q->link, q->direction, generation, q->n_in, (unsigned long)q->n_out,
                 q->n_lost, q->n_full, q->n_out ? (double)q->late_ns_sum / 1e3 / q->n_out : 0.0,
                 (double)q->late_ns_max / 1e3, (unsigned long)q->n_late500,
-                (unsigned long)q->n_backup, q->n_unstamped, q->n_read_by_backup);
+                (unsigned long)q->n_backup, q->n_unstamped, q->n_read_by_backup,
+                (unsigned long)q->n_probe_stamped, q->n_probe_unstamped);
     q->n_in = q->n_lost = q->n_full = q->n_unstamped = q->n_read_by_backup = 0;
+    q->n_probe_stamped = q->n_probe_unstamped = 0;
     q->n_out = q->n_late500 = q->n_backup = 0;
     q->late_ns_sum = q->late_ns_max = 0;
 }
@@ -456,6 +550,8 @@ static void drop_queue(int i) {
     flush_counts(q);
     nfq_destroy_queue(q->qh);
     free(q->ring);
+    free(q->probe_copy);
+    free(q->probe_len);
     free(q->phases);
     free(q->prev);
     free(q);
@@ -520,11 +616,21 @@ static int load_spec(const char *path) {
                 q->num = num;
                 q->cap = (size_t)limit + 1;
                 q->ring = calloc(q->cap, sizeof(held_t));
-                q->qh = q->ring ? nfq_create_queue(nfq, (uint16_t)num, on_packet, q) : NULL;
-                if (!q->qh || nfq_set_mode(q->qh, NFQNL_COPY_META, 0) < 0 ||
+                if (stamp_probes) {
+                    q->probe_copy = calloc(STAMP_SLOTS, STAMP_MAX_BYTES);
+                    q->probe_len = calloc(STAMP_SLOTS, sizeof(uint16_t));
+                }
+                int no_room = stamp_probes && (!q->probe_copy || !q->probe_len);
+                q->qh = q->ring && !no_room ? nfq_create_queue(nfq, (uint16_t)num, on_packet, q)
+                                           : NULL;
+                if (!q->qh ||
+                    nfq_set_mode(q->qh, stamp_probes ? NFQNL_COPY_PACKET : NFQNL_COPY_META,
+                                 stamp_probes ? STAMP_MAX_BYTES : 0) < 0 ||
                     nfq_set_queue_maxlen(q->qh, (uint32_t)limit) < 0) {
                     fprintf(stderr, "tb-holder: cannot bind queue %d: %s\n", num, strerror(errno));
                     free(q->ring);
+                    free(q->probe_copy);
+                    free(q->probe_len);
                     free(q);
                     rc = -1;
                     break;
@@ -584,7 +690,7 @@ static void on_signal(int sig) {
 
 static int usage(const char *msg) {
     fprintf(stderr, "tb-holder: %s\nusage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] "
-                    "[--log FILE] [--no-backup | --backup-only] SPEC\n", msg);
+                    "[--log FILE] [--no-backup | --backup-only] [--stamp-probes] SPEC\n", msg);
     return 2;
 }
 
@@ -598,6 +704,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--log") && i + 1 < argc) { log_path = argv[++i]; continue; }
         if (!strcmp(argv[i], "--no-backup")) { backup = 0; continue; }
         if (!strcmp(argv[i], "--backup-only")) { backup_only = 1; continue; }
+        if (!strcmp(argv[i], "--stamp-probes")) { stamp_probes = 1; continue; }
         if (spec) return usage("more than one spec file");
         spec = argv[i];
     }

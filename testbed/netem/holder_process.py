@@ -45,7 +45,8 @@ COUNTS = re.compile(
     r"out=(?P<out>\d+) "
     r"lost=\d+ full=\d+ late_us_mean=[\d.]+ late_us_max=(?P<max_us>[\d.]+) "
     r"late_over_500us=(?P<late>\d+) by_backup=(?P<backup>\d+) unstamped=(?P<unstamped>\d+) "
-    r"read_by_backup=(?P<read_by_backup>\d+)$"
+    r"read_by_backup=(?P<read_by_backup>\d+) probe_stamped=(?P<probe_stamped>\d+) "
+    r"probe_unstamped=(?P<probe_unstamped>\d+)$"
 )
 HELD_UP = re.compile(
     r"^held_up gen=(?P<gen>\d+) both=(?P<spells>\d+) longest_us=(?P<max_us>[\d.]+) "
@@ -87,6 +88,8 @@ class ReleaseCounts:
     by_backup: int = 0  # released by the backup releaser (the main thread was late)
     unstamped: int = 0  # held from when the holder read them: the kernel gave no arrival time
     read_by_backup: int = 0  # read by the backup releaser (waiting unread when it woke)
+    probe_stamped: int = 0  # probe datagrams released with their release time (--stamp-probes)
+    probe_unstamped: int = 0  # ... and passed without (no copy slot free)
 
 
 def holder_flags() -> list[str]:
@@ -159,6 +162,8 @@ def parse_release_counts(log: str) -> list[ReleaseCounts]:
                     int(m["backup"]),
                     int(m["unstamped"]),
                     int(m["read_by_backup"]),
+                    int(m["probe_stamped"]),
+                    int(m["probe_unstamped"]),
                 )  # fmt: skip
             )
     return out
@@ -166,7 +171,7 @@ def parse_release_counts(log: str) -> list[ReleaseCounts]:
 
 class HolderProcess:
     """One holder: its binary (None: this machine's build), `--tag`, folder and namespace on
-    the runner's machine."""
+    the runner's machine, and its own `flags` (e.g. `--stamp-probes`)."""
 
     def __init__(
         self,
@@ -175,8 +180,10 @@ class HolderProcess:
         tag: str,
         folder: str,
         netns: str | None = None,
+        flags: tuple[str, ...] = (),
     ) -> None:
         self.runner, self.given_binary, self.tag, self.netns = runner, binary, tag, netns
+        self.flags = flags
         self.dir = PurePosixPath(folder)
         self.spec, self.pid_file = self.dir / SPEC_FILE, self.dir / "holder.pid"
         self.ack, self.out = self.dir / f"{SPEC_FILE}.ack", self.dir / "holder.out"
@@ -228,8 +235,8 @@ class HolderProcess:
             if self._read(self.ack).split()[1:] != ["ok"]:
                 raise ImpairmentError(self._failure("reload"))
             return pid
-        argv = [self.binary(), "--tag", self.tag, "--rt-prio", str(RT_PRIO),
-                "--log", str(self.changes), *holder_flags(), str(self.spec)]  # fmt: skip
+        argv = [self.binary(), "--tag", self.tag, "--rt-prio", str(RT_PRIO), "--log",
+                str(self.changes), *self.flags, *holder_flags(), str(self.spec)]  # fmt: skip
         out, pid_file = self._q(self.out), self._q(self.pid_file)
         log = self._q(self.log)
         started = self._sh(

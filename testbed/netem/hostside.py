@@ -187,12 +187,15 @@ def egress_commands(hops: list[Hop], leaf: Any) -> list[list[str]]:
 
 
 def host_holder(site: HostSite, host: LabHost) -> HolderProcess:
-    """The packet holder of `host`, in `<workdir>/impair/` there."""
+    """The packet holder of `host`, in `<workdir>/impair/` there; it stamps the release time
+    into probe datagrams, which it holds after the kernel stamped their arrival
+    (testbed.netem.probe.held_after_kernel_stamp)."""
     return HolderProcess(
         site.host_runner(host.name),
         site.holder_binary(host.name),
         f"{holder_tag(site.name)}-{host.name}",
         str(PurePosixPath(str(host.workdir)) / IMPAIR_DIR),
+        flags=("--stamp-probes",),
     )
 
 

@@ -66,6 +66,17 @@ class ProbeResult(BaseModel):
     loss_round_trip: LossFigure
     warmup_s: float
     loss_semantics: str = LOSS_SEMANTICS
+    # packets held after the kernel stamped their arrival (`held_after_kernel_stamp`): echoes
+    # whose receive time, at either end, had no release stamp from the holder and was taken in
+    # user space (None: kernel stamps timed them), and the median of how much later user space
+    # read a stamped echo than the holder released it (what its stamps leave out, ms)
+    rx_user_space: int | None = None
+    rx_wake_ms_p50: float | None = None
+
+    @property
+    def timed_in_user_space(self) -> bool:
+        """Whether most echoes were timed in user space (so the median RTT includes wake-ups)."""
+        return self.rx_user_space is not None and 2 * self.rx_user_space > self.received_back
 
     @property
     def ok(self) -> bool:
@@ -90,8 +101,11 @@ def summarize(
     at_server: list[int],
     rtts: dict[int, float],
     warmup_s: float = 0.0,
+    rx_user_space: int | None = None,
+    rx_wake_ms: list[float] | None = None,
 ) -> ProbeResult:
-    """Turn raw probe output into figures (separate from running it, so it is testable)."""
+    """Turn raw probe output into figures (separate from running it, so it is testable);
+    `rx_user_space`, `rx_wake_ms`: see RawProbe."""
     fwd = len(set(at_server))
     back = len(rtts)
     values = list(rtts.values())
@@ -129,6 +143,8 @@ def summarize(
         loss_down=_loss(fwd - back, fwd, down),
         loss_round_trip=_loss(sent - back, sent, rt),
         warmup_s=warmup_s,
+        rx_user_space=rx_user_space,
+        rx_wake_ms_p50=stats.percentile(rx_wake_ms, 50) if rx_wake_ms else None,
     )
 
 
@@ -141,11 +157,13 @@ def _requested(lab: LinkSite, device: str) -> LinkProfile:
     return imp.profiles.get(device, LinkProfile())
 
 
-def times_in_user_space(lab: LinkSite) -> bool:
-    """Whether the probe takes receive times in user space: on a lab impaired on its hosts,
-    packets are held after the kernel stamps their arrival (udp_probe's docstring), and a busy
-    or idle CPU's wake-up then counts as link delay (0.2-0.4 ms on this project's 2-core VM
-    with no impairment at all, against 0.02-0.04 ms from kernel stamps)."""
+def held_after_kernel_stamp(lab: LinkSite) -> bool:
+    """Whether packets may be held after the kernel stamped their arrival: a lab impaired on
+    its hosts by the packet holder holds them on the receiver's ingress. The probe then takes
+    each receive time from the holder's release stamp, and one without (netem on the hosts, or
+    a datagram the holder could not stamp) in user space (udp_probe's docstring), where a busy
+    or idle CPU's wake-up counts as link delay (0.2-0.4 ms on this project's 2-core VM with no
+    impairment at all, against 0.02-0.04 ms from kernel stamps)."""
     return lab.impaired_on_hosts
 
 
@@ -162,6 +180,11 @@ class RawProbe(BaseModel):
     # per echo, when each leg entered the link (kernel transmit times, CLOCK_MONOTONIC ns):
     sent_ns: dict[int, int] = {}  # the datagram, from the device
     echo_sent_ns: dict[int, int] = {}  # its echo, from the server
+    # held after the kernel stamps (`held_after_kernel_stamp`; else None and []): echoes timed
+    # in user space at either end (no release stamp), and per stamped echo back how much later
+    # user space read it than the holder released it (ms)
+    user_rx: int | None = None
+    wake_ms: list[float] = []
 
     @property
     def echo_mbit_s(self) -> float | None:
@@ -179,7 +202,8 @@ def probe_link(
     dev = device if isinstance(device, LabHost) else lab.host(device)
     requested = requested if requested is not None else _requested(lab, dev.name)
     raw = probe_packets(lab, dev, requested, **how)
-    return summarize(dev.name, requested, raw.sent, raw.at_server, raw.rtt_ms, raw.warmup_s)
+    return summarize(dev.name, requested, raw.sent, raw.at_server, raw.rtt_ms, raw.warmup_s,
+                     raw.user_rx, raw.wake_ms)  # fmt: skip
 
 
 def probe_packets(
@@ -203,8 +227,9 @@ def probe_packets(
     requested = requested if requested is not None else _requested(lab, dev.name)
     port = BASE_PORT + lab.devices.index(dev)
     tag = ["--tag", f"{naming.netns_prefix(lab.name)}probe", "--rt-prio", PROBE_RT_PRIO]
-    if times_in_user_space(lab):
-        tag.append("--user-rx")
+    after_hold = held_after_kernel_stamp(lab)
+    if after_hold:
+        tag.append("--rx-after-hold")
     echo = runner.spawn(
         [sys.executable, SCRIPT, "echo", "--bind", lab.server.ip, "--port", port, *tag],
         netns=lab.server.netns,
@@ -241,12 +266,14 @@ def probe_packets(
         at_server = told["received"]
         lags = {int(k): int(v) for k, v in told["send_lag_ns"].items()}
         echo_sent = {int(k): int(v) for k, v in told.get("sent_ns", {}).items()}
+        user_at_server = {int(s) for s in told.get("user_rx", [])}
     except (IndexError, ValueError, KeyError, AttributeError, TypeError) as exc:
         raise ImpairmentError(f"probe responder on {lab.server.name} gave no count") from exc
     try:
         sent = json.loads(res.stdout)
         # the echo's own send time is the responder's, not the link's (udp_probe's docstring)
         rtts = {int(k): float(v) - lags.get(int(k), 0) / 1e6 for k, v in sent["rtt_ms"].items()}
+        user_back = {int(s) for s in sent.get("user_rx", [])}
         return RawProbe(
             device=dev.name,
             sent=int(sent["sent"]),
@@ -257,6 +284,8 @@ def probe_packets(
             rx_bytes=sent.get("rx_bytes", 0),
             sent_ns={int(k): int(v) for k, v in sent.get("sent_ns", {}).items()},
             echo_sent_ns=echo_sent,
+            user_rx=len((user_at_server | user_back) & rtts.keys()) if after_hold else None,
+            wake_ms=[float(v) for v in sent.get("wake_ms", {}).values()],
         )
     except (ValueError, KeyError, AttributeError, TypeError) as exc:  # pydantic's is a ValueError
         raise ImpairmentError(
@@ -305,4 +334,10 @@ def format_result(r: ProbeResult) -> str:
         return f"{rate} of {f.of}{mark}"
 
     parts.append(f"loss up {pct(r.loss_up)}, down {pct(r.loss_down)}")
+    if r.rx_user_space is not None:  # held after the kernel's stamp: who timed the echoes
+        stamped = r.received_back - r.rx_user_space
+        parts[-1] += ";"
+        parts.append(f"{stamped} of {r.received_back} timed by the holder's release stamps")
+        if r.rx_wake_ms_p50 is not None:
+            parts.append(f"(user space read them {r.rx_wake_ms_p50:.2f} ms later, median)")
     return " ".join(parts)

@@ -5,16 +5,20 @@
         with the measurement sequence numbers it received, in arrival order ("received"), and
         per sequence number how long its echo took to leave after the turnaround was taken
         ("send_lag_ns": to the kernel's transmit timestamp) and when it left ("sent_ns": that
-        timestamp, monotonic ns).
+        timestamp, monotonic ns), and with --rx-after-hold the ones it timed in user space
+        ("user_rx").
     udp_probe.py send --dst IP --port P [--count N] [--interval-ms I] [--size B] [--tag T]
         [--rt-prio N] [--via IFACE --src IP]
         Warm the link up (ARP), then send N numbered datagrams every I ms and time the echoes;
         prints one JSON line: {"sent": N, "rtt_ms": {seq: rtt}, "sent_ns": {seq: when the
         datagram left, monotonic ns}, "warmup_s": ..., "rx_span_s": first to last echo,
-        "rx_bytes": bytes echoed}, the echoes in arrival order.
+        "rx_bytes": bytes echoed}, the echoes in arrival order; with --rx-after-hold also
+        "user_rx" (echoes timed in user space here) and "wake_ms" (per echo the holder stamped:
+        how much later user space read it).
 
-Datagram: 1 byte kind (W warm-up, M measurement), 8 bytes sequence number, 8 bytes send time,
-8 bytes the responder's turnaround, padding. RTT is the link's: from the kernel's transmit
+Datagram: the 4 bytes "tbRX", 8 bytes release stamp (0: none; see below), 1 byte kind (W
+warm-up, M measurement), 8 bytes sequence number, 8 bytes send time, 8 bytes the responder's
+turnaround, padding. RTT is the link's: from the kernel's transmit
 timestamp of the datagram (SO_TIMESTAMPING, software; the user-space send time where the kernel
 gives none) to the kernel receive timestamp (SO_TIMESTAMPNS) of its echo, less the responder's
 turnaround: its own kernel receive timestamp to the kernel transmit timestamp of the echo. The
@@ -26,9 +30,12 @@ the monotonic clock as soon as it is read, and every difference is taken there, 
 that is stepped or slewed meanwhile (time sync, or a VM catching up after a pause) does not
 count either.
 
-`--user-rx` (both ends) takes receive times in user space instead: where packets are held on
-the receiving host's ingress (a lab impaired on its hosts), the kernel stamps them on arrival,
-before the hold, so its timestamps would leave the hold out.
+`--rx-after-hold` (both ends) is for packets held on the receiving host's ingress (a lab
+impaired on its hosts by the packet holder): the kernel stamps them on arrival, before the hold,
+so its timestamps would leave the hold out. The holder (run with --stamp-probes) writes the
+CLOCK_MONOTONIC time it released each probe datagram into the release stamp, and that is the
+receive time; a datagram without one is timed in user space when it is read (counted in
+"user_rx"), which adds the CPU's wake-up to the link's delay.
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ from collections.abc import Iterator
 
 from testbed.netem.realtime import set_realtime
 
-HEADER = struct.Struct("!cQQQ")
+HEADER = struct.Struct("!4sQcQQQ")
+MAGIC = b"tbRX"
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
 # SOF_TIMESTAMPING_TX_SOFTWARE | _SOFTWARE | _OPT_ID | _OPT_TSONLY (linux/net_tstamp.h)
@@ -79,6 +87,7 @@ def echo(args: argparse.Namespace) -> int:
     sent_ids: dict[int, tuple[int, int]] = {}  # OPT_ID -> (seq, time the turnaround was taken)
     send_lag: dict[int, int] = {}  # seq -> kernel transmit time less that time, ns
     sent_at: dict[int, int] = {}  # seq -> kernel transmit time, monotonic ns
+    user_rx: list[int] = []  # --rx-after-hold: measurement datagrams with no release stamp
     ids = itertools.count()  # the kernel's OPT_ID: one per datagram sent
     stop = False
 
@@ -94,16 +103,20 @@ def echo(args: argparse.Namespace) -> int:
         if not ready:
             continue
         data, anc, _, addr = sock.recvmsg(65536, 256)
-        rx = _recv_time(anc, args.user_rx)
-        if len(data) < HEADER.size:
+        user = time.monotonic_ns()
+        if len(data) < HEADER.size or data[:4] != MAGIC:
             continue
-        kind, seq, tx, _ = HEADER.unpack_from(data)
+        _, released, kind, seq, tx, _ = HEADER.unpack_from(data)
+        rx = _recv_time(anc, user, released if args.rx_after_hold else None)
+        if args.rx_after_hold and not released and kind == b"M":
+            user_rx.append(seq)
         now = time.monotonic_ns()
         ident = next(ids)
         if kind == b"M":
             seen.append(seq)
             sent_ids[ident] = (seq, now)
-        sock.sendto(HEADER.pack(kind, seq, tx, max(0, now - rx)) + data[HEADER.size :], addr)
+        turnaround = max(0, now - rx)
+        sock.sendto(HEADER.pack(MAGIC, 0, kind, seq, tx, turnaround) + data[HEADER.size :], addr)
         _note_send_lags(sock, sent_ids, send_lag, sent_at)
     time.sleep(0.01)  # the last echo's stamp
     _note_send_lags(sock, sent_ids, send_lag, sent_at)
@@ -111,6 +124,7 @@ def echo(args: argparse.Namespace) -> int:
         "received": list(dict.fromkeys(seen)),
         "send_lag_ns": send_lag,
         "sent_ns": sent_at,
+        "user_rx": user_rx,
     }
     print(json.dumps(out), flush=True)
     return 0
@@ -148,17 +162,18 @@ def _monotonic(wall_ns: int) -> int:
     return wall_ns - (time.time_ns() - time.monotonic_ns())
 
 
-def _recv_time(anc: list[tuple[int, int, bytes]], user: bool = False) -> int:
-    """The kernel receive timestamp in `anc` (monotonic ns); now when `user` or when it has
-    none."""
-    if user:
-        return time.monotonic_ns()
+def _recv_time(anc: list[tuple[int, int, bytes]], user: int, released: int | None) -> int:
+    """The receive time (monotonic ns): the holder's release stamp when `released` is given
+    (--rx-after-hold), `user` (when it was read) where that is 0; else the kernel receive
+    timestamp in `anc`, `user` where it has none."""
+    if released is not None:
+        return released or user
     for level, kind, payload in anc:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
             sec, nsec = struct.unpack("qq", payload[:16])
             if sec:
                 return _monotonic(sec * 1_000_000_000 + nsec)
-    return time.monotonic_ns()
+    return user
 
 
 def _tx_stamp(anc: list[tuple[int, int, bytes]]) -> tuple[int | None, int | None]:
@@ -190,6 +205,8 @@ def send(args: argparse.Namespace) -> int:
     sent_ids: dict[int, int] = {}  # OPT_ID (datagrams sent so far) -> seq
     tx_kernel: dict[int, int] = {}  # seq -> kernel transmit time, ns
     rx_span = [0, 0, 0]  # first and last echo receive time (ns), bytes echoed
+    user_rx: list[int] = []  # --rx-after-hold: echoes with no release stamp
+    wake_ms: dict[int, float] = {}  # ... and per stamped echo, when it was read less the stamp
 
     ids = itertools.count()  # the kernel's OPT_ID: one per datagram sent
 
@@ -197,7 +214,7 @@ def send(args: argparse.Namespace) -> int:
         ident = next(ids)
         if kind == b"M":
             sent_ids[ident] = seq
-        sock.sendto(HEADER.pack(kind, seq, time.monotonic_ns(), 0) + payload, dst)
+        sock.sendto(HEADER.pack(MAGIC, 0, kind, seq, time.monotonic_ns(), 0) + payload, dst)
 
     def drain() -> None:
         for ident, stamp in _tx_stamps(sock):
@@ -208,10 +225,16 @@ def send(args: argparse.Namespace) -> int:
                 data, anc, _, _ = sock.recvmsg(65536, 256)
             except BlockingIOError:
                 return
-            rx = _recv_time(anc, args.user_rx)
-            if len(data) < HEADER.size:
+            user = time.monotonic_ns()
+            if len(data) < HEADER.size or data[:4] != MAGIC:
                 continue
-            kind, seq, tx, turnaround = HEADER.unpack_from(data)
+            _, released, kind, seq, tx, turnaround = HEADER.unpack_from(data)
+            rx = _recv_time(anc, user, released if args.rx_after_hold else None)
+            if args.rx_after_hold and kind == b"M":
+                if released:
+                    wake_ms[seq] = (user - released) / 1e6
+                else:
+                    user_rx.append(seq)
             if kind == b"M":
                 echoes[seq] = (tx, rx, turnaround)
                 rx_span[0] = rx_span[0] or rx
@@ -254,6 +277,8 @@ def send(args: argparse.Namespace) -> int:
         "warmup_s": round(warmup_s, 3),
         "rx_span_s": (rx_span[1] - rx_span[0]) / 1e9,
         "rx_bytes": rx_span[2],
+        "user_rx": user_rx,
+        "wake_ms": wake_ms,
     }
     print(json.dumps(out), flush=True)
     return 0
@@ -281,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--via", default=None, help="send over this interface (SO_BINDTODEVICE)")
     s.add_argument("--src", default=None, help="send from this address")
     for p in (e, s):
-        p.add_argument("--user-rx", action="store_true", help="user-space receive times")
+        p.add_argument(
+            "--rx-after-hold", action="store_true", help="receive times from release stamps"
+        )
     args = ap.parse_args(argv)
     set_realtime(args.rt_prio)
     return echo(args) if args.mode == "echo" else send(args)

@@ -2,7 +2,7 @@
 
 The guard catches an impairment that silently failed (no delay, no loss, everything lost),
 not statistical noise: the median RTT must be within the playbook's tolerance of the request
-(`ImpairmentSection.rtt_tolerance`: wider where the probe times echoes in user space), and each
+(`ImpairmentSection.rtt_tolerance`: wider where the probe timed echoes in user space), and each
 direction's loss within four binomial standard deviations of it (at least 2 points). A link
 that fails is probed again (`impairment.probe_retries` times) before the condition fails: a
 probe lasts about a second, and a stall of the machine meanwhile (a paused VM, a busy CPU
@@ -92,17 +92,17 @@ def probe_checked(
     probe: Callable[[], dict[str, ProbeResult]],
     profiles: dict[str, LinkProfile],
     knobs: ImpairmentSection,
-    user_space_rx: bool,
     save: Callable[[], None],
     say: Callable[[str], None],
 ) -> None:
     """Probe the links into `record` (`rtt_tolerance_ms`, `summary`, `probes`, and each failed
-    try's problem and summary under `failed_tries`), `save` it, and check them (`user_space_rx`:
-    how the probe times echoes, for the tolerance); a failed check probes again up to
-    `knobs.probe_retries` times, then raises its ImpairmentError."""
-    tolerance = record["rtt_tolerance_ms"] = knobs.rtt_tolerance(user_space_rx)
+    try's problem and summary under `failed_tries`), `save` it, and check them (the tolerance
+    for how the probe timed echoes: `ProbeResult.timed_in_user_space`); a failed check probes
+    again up to `knobs.probe_retries` times, then raises its ImpairmentError."""
     for attempt in range(knobs.probe_retries + 1):
         probes = probe()
+        in_user_space = any(r.timed_in_user_space for r in probes.values())
+        tolerance = record["rtt_tolerance_ms"] = knobs.rtt_tolerance(in_user_space)
         record["summary"] = summarize_links(probes)
         record["probes"] = {d: r.model_dump(mode="json") for d, r in probes.items()}
         save()

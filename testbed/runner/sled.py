@@ -31,7 +31,7 @@ from testbed.lab.interface import Lab
 from testbed.metrics.clocks import measure_offset
 from testbed.metrics.cost import load_cost_table
 from testbed.netem.api import apply_each, clear, link_changes
-from testbed.netem.probe import ProbeResult, probe_links, times_in_user_space
+from testbed.netem.probe import ProbeResult, probe_links
 from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
 from testbed.results.atomic import atomic_write_json
 from testbed.results.tables import tables_from_records
@@ -305,7 +305,7 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
         if ctx.dry_run:
             ctx.say(f"  probe {len(devices)} device links, {knobs.probe_packets} UDP packets each")
         else:
-            n, user_rx = knobs.probe_packets, times_in_user_space(lab)
+            n = knobs.probe_packets
 
             def save_link() -> None:
                 atomic_write_json(staged / "link.json", link)
@@ -313,12 +313,10 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
             def primary() -> dict[str, ProbeResult]:
                 return probe_links(lab, list(profiles), requested=profile, count=n)
 
-            probe_checked(link, primary, profiles, knobs, user_rx, save_link, ctx.say)
+            probe_checked(link, primary, profiles, knobs, save_link, ctx.say)
             if backup:  # over each device's backup interface, while traffic stays on primary
-                probe_checked(
-                    link["backup"], lambda: probe_backup(lab, backup, count=n), backup, knobs,
-                    user_rx, save_link, ctx.say,
-                )  # fmt: skip
+                probe_checked(link["backup"], lambda: probe_backup(lab, backup, count=n), backup,
+                              knobs, save_link, ctx.say)  # fmt: skip
 
         records = f"runs/{cond.id}"
         server_records = f"{server.workdir}/{records}"
