@@ -269,9 +269,10 @@ def probe_backup(
 ) -> dict[str, ProbeResult]:
     """Probe each named device's backup link over its backup interface (`eth1` on a namespace
     lab), against its requested profile, while its traffic may still use the primary path."""
-    from testbed.netem.probe import probe_links
+    from testbed.netem.probe import held_after_kernel_stamp, probe_links
 
     plan = load_plan(lab)
+    after_hold = held_after_kernel_stamp(lab)  # as impaired with the primary path
     site = backup_site(lab, plan)
     iface = {end.name: end.iface for end in plan.devices} if plan else {}
     groups: dict[tuple[str, str], list[str]] = {}
@@ -287,6 +288,7 @@ def probe_backup(
                 count=count,
                 interval_ms=interval_ms,
                 via=via,
+                after_hold=after_hold,
             )  # fmt: skip
         )
     return {d: results[d] for d in requested}

@@ -276,8 +276,9 @@ static size_t probe_stamp_at(const unsigned char *pkt, int len) {
     if (len < 20 || len > STAMP_MAX_BYTES || (pkt[0] >> 4) != 4 || pkt[9] != 17) return 0;
     size_t ihl = (size_t)(pkt[0] & 0x0f) * 4, total = (size_t)pkt[2] << 8 | pkt[3];
     if (ihl < 20 || total != (size_t)len || (((pkt[6] & 0x3f) << 8) | pkt[7]) != 0) return 0;
-    size_t payload = ihl + 8; /* not a fragment, and the whole datagram is here */
-    if (payload + sizeof PROBE_MAGIC + 8 > total) return 0;
+    if (ihl + 8 > total) return 0; /* not a fragment, and the whole packet is here */
+    size_t udp_len = (size_t)pkt[ihl + 4] << 8 | pkt[ihl + 5], payload = ihl + 8;
+    if (udp_len > total - ihl || payload + sizeof PROBE_MAGIC + 8 > ihl + udp_len) return 0;
     if (memcmp(pkt + payload, PROBE_MAGIC, sizeof PROBE_MAGIC) != 0) return 0;
     return payload + sizeof PROBE_MAGIC;
 }
@@ -291,12 +292,12 @@ static uint32_t sum16(uint32_t sum, const unsigned char *p, size_t n) {
 
 /* Write `when` (big endian) at `at` of the probe packet and recompute its UDP checksum (one of
  * 0 stays 0: none). */
-static void write_stamp(unsigned char *pkt, size_t len, size_t at, uint64_t when) {
+static void write_stamp(unsigned char *pkt, size_t at, uint64_t when) {
     for (int i = 0; i < 8; i++) pkt[at + (size_t)i] = (unsigned char)(when >> (56 - 8 * i));
     size_t ihl = (size_t)(pkt[0] & 0x0f) * 4;
     unsigned char *udp = pkt + ihl;
     if (udp[6] == 0 && udp[7] == 0) return;
-    size_t udp_len = len - ihl;
+    size_t udp_len = (size_t)udp[4] << 8 | udp[5]; /* the IP packet may be padded past it */
     udp[6] = udp[7] = 0;
     uint32_t sum = sum16(0, pkt + 12, 8) + 17 + (uint32_t)udp_len; /* pseudo-header */
     sum = sum16(sum, udp, udp_len);
@@ -328,7 +329,7 @@ static int32_t keep_probe(queue_t *q, struct nfq_data *nfa) {
 static void accept_stamped(queue_t *q, const held_t *h) {
     unsigned char *pkt = q->probe_copy[h->stamp];
     size_t len = q->probe_len[h->stamp];
-    write_stamp(pkt, len, probe_stamp_at(pkt, (int)len), now_ns());
+    write_stamp(pkt, probe_stamp_at(pkt, (int)len), now_ns());
     nfq_set_verdict(q->qh, h->id, NF_ACCEPT, (uint32_t)len, pkt);
     atomic_store(&q->probe_head, ((size_t)h->stamp + 1) % STAMP_SLOTS);
     q->n_probe_stamped++;

@@ -158,13 +158,19 @@ def _requested(lab: LinkSite, device: str) -> LinkProfile:
 
 
 def held_after_kernel_stamp(lab: LinkSite) -> bool:
-    """Whether packets may be held after the kernel stamped their arrival: a lab impaired on
-    its hosts by the packet holder holds them on the receiver's ingress. The probe then takes
-    each receive time from the holder's release stamp, and one without (netem on the hosts, or
-    a datagram the holder could not stamp) in user space (udp_probe's docstring), where a busy
-    or idle CPU's wake-up counts as link delay (0.2-0.4 ms on this project's 2-core VM with no
-    impairment at all, against 0.02-0.04 ms from kernel stamps)."""
-    return lab.impaired_on_hosts
+    """Whether packets are held after the kernel stamped their arrival: a lab impaired on its
+    hosts by the packet holder holds them on the receiver's ingress (netem on the hosts holds
+    them on the sender's egress). The probe then takes each receive time from the holder's
+    release stamp, and one without (a datagram the holder could not stamp) in user space
+    (udp_probe's docstring), where a busy or idle CPU's wake-up counts as link delay (0.2-0.4 ms
+    on this project's 2-core VM with no impairment at all, against 0.02-0.04 ms from kernel
+    stamps)."""
+    from testbed.netem.api import current
+
+    if not lab.impaired_on_hosts:
+        return False
+    imp = current(lab)
+    return imp is not None and imp.backend == "nfqueue"
 
 
 class RawProbe(BaseModel):
@@ -215,11 +221,14 @@ def probe_packets(
     size: int = 64,
     runner: SystemRunner | None = None,
     via: str | None = None,
+    after_hold: bool | None = None,
 ) -> RawProbe:
     """Send `count` numbered datagrams device -> server -> device; what arrived, in order.
 
     `via`: send over this interface of the device, from its address `dev.ip` (e.g. the backup
-    interface, whatever the device's routes say); default: as the routes say."""
+    interface, whatever the device's routes say); default: as the routes say. `after_hold`:
+    whether packets are held after the kernel stamps them (default: as
+    `held_after_kernel_stamp(lab)` says)."""
     runner = runner or lab.runner
     dev = device if isinstance(device, LabHost) else lab.host(device)
     if dev.role != "device":
@@ -227,7 +236,8 @@ def probe_packets(
     requested = requested if requested is not None else _requested(lab, dev.name)
     port = BASE_PORT + lab.devices.index(dev)
     tag = ["--tag", f"{naming.netns_prefix(lab.name)}probe", "--rt-prio", PROBE_RT_PRIO]
-    after_hold = held_after_kernel_stamp(lab)
+    if after_hold is None:
+        after_hold = held_after_kernel_stamp(lab)
     if after_hold:
         tag.append("--rx-after-hold")
     echo = runner.spawn(
@@ -302,17 +312,14 @@ def probe_links(
     interval_ms: float = 10.0,
     parallel: int = 4,
     via: str | None = None,
+    after_hold: bool | None = None,
 ) -> dict[str, ProbeResult]:
-    """Probe several device links (default: all), `parallel` at a time (`via`: see
-    `probe_packets`)."""
+    """Probe several device links (default: all), `parallel` at a time (`via`, `after_hold`:
+    see `probe_packets`)."""
     targets = [d if isinstance(d, LabHost) else lab.host(d) for d in (devices or lab.devices)]
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(targets)))) as pool:
-        futures = {
-            d.name: pool.submit(
-                probe_link, lab, d, requested, count=count, interval_ms=interval_ms, via=via
-            )
-            for d in targets
-        }
+        how = {"count": count, "interval_ms": interval_ms, "via": via, "after_hold": after_hold}
+        futures = {d.name: pool.submit(probe_link, lab, d, requested, **how) for d in targets}
         return {name: f.result() for name, f in futures.items()}
 
 
