@@ -133,7 +133,7 @@ def test_a_probe_line_says_how_many_echoes_the_holder_stamped():
                      rx_wake_ms=[0.1, 0.3, 0.2])  # fmt: skip
     line = format_result(held)
     assert line.endswith(
-        "; 48 of 50 timed by the holder's release stamps (user space read them 0.20 ms later, "
+        "; 48 of 50 timed by the holder's release stamps (user-space times would add 0.20 ms, "
         "median)"
     ), line
     assert not held.timed_in_user_space

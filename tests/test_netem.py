@@ -24,6 +24,7 @@ from testbed.netem.nfqueue import (
     holder_tag,
     link_changes,
     plan_rules,
+    release_counts,
     restore_text,
 )
 from testbed.netem.probe import probe_packets, summarize
@@ -366,11 +367,15 @@ def test_jitter_spreads_rtt_without_reordering(clean_links: EmulatedLab) -> None
     apply(lab, LinkProfile(rtt_ms=40, jitter_ms=4, seed=7), devices=["dev1"], backend="nfqueue")
     # 1 ms spacing, 4 ms jitter: an independent draw per packet would reorder most of them
     raw = probe_packets(lab, "dev1", count=300, interval_ms=1)
+    clear(lab)  # the holder stops and counts how late it released
     assert raw.at_server == sorted(raw.at_server) and len(raw.at_server) == 300
     assert list(raw.rtt_ms) == sorted(raw.rtt_ms) and len(raw.rtt_ms) == 300
     rtts = list(raw.rtt_ms.values())
     assert max(rtts) - min(rtts) > 2.0  # spread by the jitter
-    assert min(rtts) >= 32 - 0.5 and max(rtts) <= 48 + 5.0  # within +-j each way (+ FIFO wait)
+    # within +-j each way (+ FIFO wait), + however late the holder says it released (a VM
+    # pause of both its CPUs; none otherwise)
+    late_ms = sum(c.latest_ms for c in release_counts(lab) if c.link == "dev1")
+    assert min(rtts) >= 32 - 0.5 and max(rtts) <= 48 + 5.0 + late_ms, late_ms
 
 
 def test_each_releaser_alone_keeps_order_and_delay_and_says_who_released(lab: EmulatedLab) -> None:
@@ -379,7 +384,6 @@ def test_each_releaser_alone_keeps_order_and_delay_and_says_who_released(lab: Em
     import os
 
     from testbed.netem.holder_process import flags_for_holders
-    from testbed.netem.nfqueue import release_counts
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("the backup releaser needs a second CPU")
@@ -408,7 +412,6 @@ def test_holder_holds_both_directions_from_their_kernel_arrival_time(lab: Emulat
     """Each packet's hold counts from the kernel's arrival stamp in both directions; a packet
     queued where the bridge has cleared it (down, at POSTROUTING) was held from when the holder
     read it, so every stall of the holder's reading added to its delay."""
-    from testbed.netem.nfqueue import release_counts
 
     clear(lab)
     apply(lab, LinkProfile(rtt_ms=20), ["dev1"], backend="nfqueue")
@@ -430,6 +433,7 @@ def test_a_stopped_holder_is_held_up_and_the_round_trips_it_delayed_are_told_apa
     import signal
     import threading
     import time
+    from dataclasses import replace
 
     from testbed.bench.link import LinkBench
     from testbed.netem.calibrate import analyse
@@ -467,7 +471,13 @@ def test_a_stopped_holder_is_held_up_and_the_round_trips_it_delayed_are_told_apa
         if any(stopped + 1e6 < t + due < resumed - 1e6 for t in leg[:2])
     ]  # fmt: skip
     assert len(hit) >= 10 and all(err > 1.0 for *_, err in hit), hit  # released after the stop
-    kept = LinkBench(20, 1, [row], spells=spells).untouched_errors(row)
+    # the stop's spell alone (on a busy VM other spells leave out more round trips)
+    stop_only = [
+        replace(h, spells=len(ws), windows=ws)
+        for h in spells
+        for ws in [tuple(w for w in h.windows if w in covering)]
+    ]
+    kept = LinkBench(20, 1, [row], spells=stop_only).untouched_errors(row)
     assert kept is not None
     assert len(kept) <= len(legs) - len(hit)
     assert len(kept) >= 0.7 * len(legs), (len(kept), len(legs))

@@ -69,7 +69,8 @@ class ProbeResult(BaseModel):
     # packets held after the kernel stamped their arrival (`held_after_kernel_stamp`): echoes
     # whose receive time, at either end, had no release stamp from the holder and was taken in
     # user space (None: kernel stamps timed them), and the median of how much later user space
-    # read a stamped echo than the holder released it (what its stamps leave out, ms)
+    # read a stamped echo than the holder released it, both ends together: what user-space
+    # receive times would have added to its RTT (ms)
     rx_user_space: int | None = None
     rx_wake_ms_p50: float | None = None
 
@@ -187,8 +188,8 @@ class RawProbe(BaseModel):
     sent_ns: dict[int, int] = {}  # the datagram, from the device
     echo_sent_ns: dict[int, int] = {}  # its echo, from the server
     # held after the kernel stamps (`held_after_kernel_stamp`; else None and []): echoes timed
-    # in user space at either end (no release stamp), and per stamped echo back how much later
-    # user space read it than the holder released it (ms)
+    # in user space at either end (no release stamp), and per echo stamped at both ends how
+    # much later user space read it than the holder released it, summed over the ends (ms)
     user_rx: int | None = None
     wake_ms: list[float] = []
 
@@ -277,6 +278,7 @@ def probe_packets(
         lags = {int(k): int(v) for k, v in told["send_lag_ns"].items()}
         echo_sent = {int(k): int(v) for k, v in told.get("sent_ns", {}).items()}
         user_at_server = {int(s) for s in told.get("user_rx", [])}
+        wake_at_server = {int(k): float(v) for k, v in told.get("wake_ms", {}).items()}
     except (IndexError, ValueError, KeyError, AttributeError, TypeError) as exc:
         raise ImpairmentError(f"probe responder on {lab.server.name} gave no count") from exc
     try:
@@ -284,6 +286,7 @@ def probe_packets(
         # the echo's own send time is the responder's, not the link's (udp_probe's docstring)
         rtts = {int(k): float(v) - lags.get(int(k), 0) / 1e6 for k, v in sent["rtt_ms"].items()}
         user_back = {int(s) for s in sent.get("user_rx", [])}
+        wake_back = {int(k): float(v) for k, v in sent.get("wake_ms", {}).items()}
         return RawProbe(
             device=dev.name,
             sent=int(sent["sent"]),
@@ -295,7 +298,7 @@ def probe_packets(
             sent_ns={int(k): int(v) for k, v in sent.get("sent_ns", {}).items()},
             echo_sent_ns=echo_sent,
             user_rx=len((user_at_server | user_back) & rtts.keys()) if after_hold else None,
-            wake_ms=[float(v) for v in sent.get("wake_ms", {}).values()],
+            wake_ms=[v + wake_at_server[s] for s, v in wake_back.items() if s in wake_at_server],
         )
     except (ValueError, KeyError, AttributeError, TypeError) as exc:  # pydantic's is a ValueError
         raise ImpairmentError(
@@ -346,5 +349,5 @@ def format_result(r: ProbeResult) -> str:
         parts[-1] += ";"
         parts.append(f"{stamped} of {r.received_back} timed by the holder's release stamps")
         if r.rx_wake_ms_p50 is not None:
-            parts.append(f"(user space read them {r.rx_wake_ms_p50:.2f} ms later, median)")
+            parts.append(f"(user-space times would add {r.rx_wake_ms_p50:.2f} ms, median)")
     return " ".join(parts)

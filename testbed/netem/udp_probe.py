@@ -6,7 +6,8 @@
         per sequence number how long its echo took to leave after the turnaround was taken
         ("send_lag_ns": to the kernel's transmit timestamp) and when it left ("sent_ns": that
         timestamp, monotonic ns), and with --rx-after-hold the ones it timed in user space
-        ("user_rx").
+        ("user_rx") and, per one the holder stamped, how much later user space read it
+        ("wake_ms").
     udp_probe.py send --dst IP --port P [--count N] [--interval-ms I] [--size B] [--tag T]
         [--rt-prio N] [--via IFACE --src IP]
         Warm the link up (ARP), then send N numbered datagrams every I ms and time the echoes;
@@ -88,6 +89,7 @@ def echo(args: argparse.Namespace) -> int:
     send_lag: dict[int, int] = {}  # seq -> kernel transmit time less that time, ns
     sent_at: dict[int, int] = {}  # seq -> kernel transmit time, monotonic ns
     user_rx: list[int] = []  # --rx-after-hold: measurement datagrams with no release stamp
+    wake_ms: dict[int, float] = {}  # ... and per stamped one, when it was read less the stamp
     ids = itertools.count()  # the kernel's OPT_ID: one per datagram sent
     stop = False
 
@@ -108,8 +110,8 @@ def echo(args: argparse.Namespace) -> int:
             continue
         _, released, kind, seq, tx, _ = HEADER.unpack_from(data)
         rx = _recv_time(anc, user, released if args.rx_after_hold else None)
-        if args.rx_after_hold and not released and kind == b"M":
-            user_rx.append(seq)
+        if args.rx_after_hold and kind == b"M":
+            _note_rx(seq, user, released, user_rx, wake_ms)
         now = time.monotonic_ns()
         ident = next(ids)
         if kind == b"M":
@@ -125,9 +127,21 @@ def echo(args: argparse.Namespace) -> int:
         "send_lag_ns": send_lag,
         "sent_ns": sent_at,
         "user_rx": user_rx,
+        "wake_ms": wake_ms,
     }
     print(json.dumps(out), flush=True)
     return 0
+
+
+def _note_rx(
+    seq: int, user: int, released: int, user_rx: list[int], wake_ms: dict[int, float]
+) -> None:
+    """Note how measurement datagram `seq`, read at `user`, was timed: by its release stamp
+    (how much later it was read, ms), or in user space (none)."""
+    if released:
+        wake_ms[seq] = (user - released) / 1e6
+    else:
+        user_rx.append(seq)
 
 
 def _tx_stamps(sock: socket.socket) -> Iterator[tuple[int, int]]:
@@ -231,10 +245,7 @@ def send(args: argparse.Namespace) -> int:
             _, released, kind, seq, tx, turnaround = HEADER.unpack_from(data)
             rx = _recv_time(anc, user, released if args.rx_after_hold else None)
             if args.rx_after_hold and kind == b"M":
-                if released:
-                    wake_ms[seq] = (user - released) / 1e6
-                else:
-                    user_rx.append(seq)
+                _note_rx(seq, user, released, user_rx, wake_ms)
             if kind == b"M":
                 echoes[seq] = (tx, rx, turnaround)
                 rx_span[0] = rx_span[0] or rx
