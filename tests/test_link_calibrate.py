@@ -78,17 +78,20 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
     line = (
         "queue={q} link={link}/{d} gen={g} in=120 out={out} lost=3 full=0 late_us_mean=12.5 "
         "late_us_max={mx} late_over_500us={late} by_backup=3 unstamped={unstamped} "
-        "read_by_backup={read} probe_stamped={read} probe_unstamped=0"
+        "read_by_backup={read} probe_stamped={stamped} probe_unstamped={missed}"
     )
     log = "\n".join([
         START_MARK,
-        line.format(q=1, link="dev1", d="up", g=1, out=9, mx=900.0, late=2, unstamped=0, read=0),
+        line.format(q=1, link="dev1", d="up", g=1, out=9, mx=900.0, late=2, unstamped=0, read=0,
+                    stamped=0, missed=0),
         START_MARK,  # the lines above are an earlier holder's
         "tb-holder: reload failed; kept going",
-        line.format(q=1, link="dev1", d="up", g=4, out=117, mx=3569.5, late=4, unstamped=0, read=2),
+        line.format(q=1, link="dev1", d="up", g=4, out=117, mx=3569.5, late=4, unstamped=0, read=2,
+                    stamped=30, missed=1),
         line.format(q=2, link="dev1/backup", d="down", g=4, out=100, mx=40, late=0, unstamped=7,
-                    read=0),
-        line.format(q=1, link="dev1", d="up", g=5, out=50, mx=20.0, late=0, unstamped=0, read=0),
+                    read=0, stamped=0, missed=0),
+        line.format(q=1, link="dev1", d="up", g=5, out=50, mx=20.0, late=0, unstamped=0, read=0,
+                    stamped=12, missed=0),
         "queue=3 link=dev2/up in=x out=1",  # not a counts line: skipped
     ])  # fmt: skip
     counts = parse_release_counts(log)
@@ -102,7 +105,7 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
     assert counts[0].latest_ms == pytest.approx(3.5695)
     assert [c.unstamped for c in counts] == [0, 7, 0]
     assert [c.read_by_backup for c in counts] == [2, 0, 0]
-    assert [c.probe_stamped for c in counts] == [2, 0, 0]
+    assert [(c.probe_stamped, c.probe_unstamped) for c in counts] == [(30, 1), (0, 0), (12, 0)]
     bench = LinkBench(85, 1, [], holder=counts)
     assert bench.holder_late == (267, 4, pytest.approx(3.5695))
 

@@ -94,6 +94,8 @@ enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };
 static const char *DIST_NAMES[] = {"uniform", "normal", "pareto", "paretonormal"};
 
 typedef struct { uint32_t id; int32_t stamp; uint64_t due; } held_t; /* stamp: slot, or -1 */
+/* --stamp-probes: a held probe packet's copy, its length and where its release stamp goes */
+typedef struct { uint16_t len, at; unsigned char pkt[STAMP_MAX_BYTES]; } probe_copy_t;
 
 typedef struct {
     uint64_t at_ns, delay_ns, jitter_ns;
@@ -112,8 +114,7 @@ typedef struct {
     held_t *ring;
     size_t cap;
     _Atomic size_t head, tail; /* head: taken by either releaser; tail: by the reader */
-    unsigned char (*probe_copy)[STAMP_MAX_BYTES]; /* --stamp-probes: held probe packets */
-    uint16_t *probe_len;
+    probe_copy_t *probes;                  /* --stamp-probes: STAMP_SLOTS held probe packets */
     _Atomic size_t probe_head, probe_tail; /* used in FIFO order, as the ring */
     _Atomic unsigned long n_probe_stamped;
     unsigned long n_probe_unstamped;
@@ -312,25 +313,27 @@ static void write_stamp(unsigned char *pkt, size_t at, uint64_t when) {
  * slot free: counted). */
 static int32_t keep_probe(queue_t *q, struct nfq_data *nfa) {
     unsigned char *pkt;
-    int len = nfq_get_payload(nfa, &pkt);
-    if (!q->probe_copy || len <= 0 || !probe_stamp_at(pkt, len)) return -1;
+    int len = q->probes ? nfq_get_payload(nfa, &pkt) : -1;
+    size_t at = len > 0 ? probe_stamp_at(pkt, len) : 0;
+    if (!at) return -1;
     size_t tail = atomic_load(&q->probe_tail), next = (tail + 1) % STAMP_SLOTS;
     if (next == atomic_load(&q->probe_head)) {
         q->n_probe_unstamped++;
         return -1;
     }
-    memcpy(q->probe_copy[tail], pkt, (size_t)len);
-    q->probe_len[tail] = (uint16_t)len;
+    probe_copy_t *c = &q->probes[tail];
+    memcpy(c->pkt, pkt, (size_t)len);
+    c->len = (uint16_t)len;
+    c->at = (uint16_t)at;
     atomic_store(&q->probe_tail, next);
     return (int32_t)tail;
 }
 
 /* Accept one held probe packet with its release time written in, and free its slot. */
 static void accept_stamped(queue_t *q, const held_t *h) {
-    unsigned char *pkt = q->probe_copy[h->stamp];
-    size_t len = q->probe_len[h->stamp];
-    write_stamp(pkt, probe_stamp_at(pkt, (int)len), now_ns());
-    nfq_set_verdict(q->qh, h->id, NF_ACCEPT, (uint32_t)len, pkt);
+    probe_copy_t *c = &q->probes[h->stamp];
+    write_stamp(c->pkt, c->at, now_ns());
+    nfq_set_verdict(q->qh, h->id, NF_ACCEPT, c->len, c->pkt);
     atomic_store(&q->probe_head, ((size_t)h->stamp + 1) % STAMP_SLOTS);
     q->n_probe_stamped++;
 }
@@ -551,8 +554,7 @@ static void drop_queue(int i) {
     flush_counts(q);
     nfq_destroy_queue(q->qh);
     free(q->ring);
-    free(q->probe_copy);
-    free(q->probe_len);
+    free(q->probes);
     free(q->phases);
     free(q->prev);
     free(q);
@@ -617,21 +619,17 @@ static int load_spec(const char *path) {
                 q->num = num;
                 q->cap = (size_t)limit + 1;
                 q->ring = calloc(q->cap, sizeof(held_t));
-                if (stamp_probes) {
-                    q->probe_copy = calloc(STAMP_SLOTS, STAMP_MAX_BYTES);
-                    q->probe_len = calloc(STAMP_SLOTS, sizeof(uint16_t));
-                }
-                int no_room = stamp_probes && (!q->probe_copy || !q->probe_len);
-                q->qh = q->ring && !no_room ? nfq_create_queue(nfq, (uint16_t)num, on_packet, q)
-                                           : NULL;
+                if (stamp_probes) q->probes = calloc(STAMP_SLOTS, sizeof(probe_copy_t));
+                q->qh = q->ring && (q->probes || !stamp_probes)
+                            ? nfq_create_queue(nfq, (uint16_t)num, on_packet, q)
+                            : NULL;
                 if (!q->qh ||
                     nfq_set_mode(q->qh, stamp_probes ? NFQNL_COPY_PACKET : NFQNL_COPY_META,
                                  stamp_probes ? STAMP_MAX_BYTES : 0) < 0 ||
                     nfq_set_queue_maxlen(q->qh, (uint32_t)limit) < 0) {
                     fprintf(stderr, "tb-holder: cannot bind queue %d: %s\n", num, strerror(errno));
                     free(q->ring);
-                    free(q->probe_copy);
-                    free(q->probe_len);
+                    free(q->probes);
                     free(q);
                     rc = -1;
                     break;

@@ -190,8 +190,8 @@ class RawProbe(BaseModel):
     # held after the kernel stamps (`held_after_kernel_stamp`; else None and []): echoes timed
     # in user space at either end (no release stamp), and per echo stamped at both ends how
     # much later user space read it than the holder released it, summed over the ends (ms)
-    user_rx: int | None = None
-    wake_ms: list[float] = []
+    rx_user_space: int | None = None
+    rx_wake_ms: list[float] = []
 
     @property
     def echo_mbit_s(self) -> float | None:
@@ -210,7 +210,7 @@ def probe_link(
     requested = requested if requested is not None else _requested(lab, dev.name)
     raw = probe_packets(lab, dev, requested, **how)
     return summarize(dev.name, requested, raw.sent, raw.at_server, raw.rtt_ms, raw.warmup_s,
-                     raw.user_rx, raw.wake_ms)  # fmt: skip
+                     raw.rx_user_space, raw.rx_wake_ms)  # fmt: skip
 
 
 def probe_packets(
@@ -297,8 +297,8 @@ def probe_packets(
             rx_bytes=sent.get("rx_bytes", 0),
             sent_ns={int(k): int(v) for k, v in sent.get("sent_ns", {}).items()},
             echo_sent_ns=echo_sent,
-            user_rx=len((user_at_server | user_back) & rtts.keys()) if after_hold else None,
-            wake_ms=[v + wake_at_server[s] for s, v in wake_back.items() if s in wake_at_server],
+            rx_user_space=len((user_at_server | user_back) & rtts.keys()) if after_hold else None,
+            rx_wake_ms=[v + wake_at_server[s] for s, v in wake_back.items() if s in wake_at_server],
         )
     except (ValueError, KeyError, AttributeError, TypeError) as exc:  # pydantic's is a ValueError
         raise ImpairmentError(
@@ -320,6 +320,8 @@ def probe_links(
     """Probe several device links (default: all), `parallel` at a time (`via`, `after_hold`:
     see `probe_packets`)."""
     targets = [d if isinstance(d, LabHost) else lab.host(d) for d in (devices or lab.devices)]
+    if after_hold is None:  # once for all links, not once a link
+        after_hold = held_after_kernel_stamp(lab)
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(targets)))) as pool:
         how = {"count": count, "interval_ms": interval_ms, "via": via, "after_hold": after_hold}
         futures = {d.name: pool.submit(probe_link, lab, d, requested, **how) for d in targets}
