@@ -20,7 +20,7 @@ from testbed.hosts.inventory import InventoryHost, inventory_document, load_inve
 from testbed.lab import EmulatedLab, LabSpec, SystemRunner, lab_class
 from testbed.lab.physical import InventoryLab, describe_namespace_lab
 from testbed.netem.api import apply, clear
-from testbed.netem.probe import probe_links
+from testbed.netem.probe import probe_links, probe_packets
 from testbed.netem.profile import LinkProfile
 from testbed.topo.model import Topology
 
@@ -283,6 +283,11 @@ def test_hosts_impair_their_own_links_live(namespace_hosts, tmp_path):
             assert r["loss_up"]["within"] and r["loss_down"]["within"], r
             if imp.backend == "nfqueue":
                 assert r["rx_user_space"] == 0 and r["rx_wake_ms_p50"] > 0, r
+        # a full-size datagram (its IP packet 1,500 bytes, an Ethernet MTU) is stamped as well
+        full = probe_packets(lab, "dev1", asked, count=40, interval_ms=5, size=1472)
+        assert len(full.rtt_ms) >= 20, full
+        if imp.backend == "nfqueue":
+            assert full.rx_user_space == 0 and min(full.rx_wake_ms) > 0, full
         apply(lab, LinkProfile(rtt_ms=20), devices=["dev2"])
         probes = probe_links(lab, count=100, interval_ms=5)
         # which profile each link now has (they are 20 ms apart); fidelity is checked above,
@@ -300,6 +305,26 @@ def test_hosts_impair_their_own_links_live(namespace_hosts, tmp_path):
         lab.down()
     probes = probe_links(lab, count=20, interval_ms=5)
     assert all(r.rtt_ms is not None and r.rtt_ms.p50 < 5 for r in probes.values())
+
+
+def test_calibrate_on_the_hosts_measures_a_rate_limit(namespace_hosts, tmp_path):
+    """A rate limit on the sender's own egress backs its socket up: the blast waits for room,
+    and the responder, whose echoes queue there too, still reports and exits."""
+    from testbed.netem.calibrate import calibrate
+
+    ns = namespace_hosts
+    inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml", middlebox=False)
+    lab = InventoryLab.up(
+        LabSpec(name="ainvr", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
+    )
+    try:
+        (row,) = calibrate(lab, {"r5": LinkProfile(rtt_ms=10, rate_mbit=5)}, ["dev1"],
+                           count=100, interval_ms=2, parallel=1)  # fmt: skip
+        # UDP payload of 1200-byte datagrams on a 5 Mbit/s link: 1200/1242 of it, not more
+        assert row.throughput_mbit is not None and 4.0 < row.throughput_mbit <= 5.0, row
+        assert abs(row.rtt_p50_ms - 10) < 1.0 and row.loss_up.lost == 0, row
+    finally:
+        lab.down()
 
 
 def backup_topology(devices: int = 2) -> Topology:

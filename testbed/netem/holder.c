@@ -87,7 +87,8 @@
 #define HELD_UP_NS 500000ULL /* a releaser this late after its timer, or this long over a pass,
                                  * was held up */
 #define MAX_SPELLS 4096 /* spells listed per generation (all are counted) */
-#define STAMP_MAX_BYTES 512 /* --stamp-probes: the longest packet stamped (and bytes copied) */
+#define STAMP_MAX_BYTES 1500 /* --stamp-probes: the longest packet stamped (and bytes copied):
+                              * an Ethernet MTU, so a full-size probe datagram is stamped too */
 #define STAMP_SLOTS 256     /* ... and the probe packets one queue may hold at once */
 static const char PROBE_MAGIC[4] = {'t', 'b', 'R', 'X'};
 enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };

@@ -15,7 +15,8 @@
         datagram left, monotonic ns}, "warmup_s": ..., "rx_span_s": first to last echo,
         "rx_bytes": bytes echoed}, the echoes in arrival order; with --rx-after-hold also
         "user_rx" (echoes timed in user space here) and "wake_ms" (per echo the holder stamped:
-        how much later user space read it).
+        how much later user space read it). With I = 0 (a blast) each datagram waits for room
+        in the socket, which a rate limit on this host's own egress keeps full.
 
 Datagram: the 4 bytes "tbRX", 8 bytes release stamp (0: none; see below), 1 byte kind (W
 warm-up, M measurement), 8 bytes sequence number, 8 bytes send time, 8 bytes the responder's
@@ -104,7 +105,11 @@ def echo(args: argparse.Namespace) -> int:
         ready, _, _ = select.select([sock], [], [], 0.2)
         if not ready:
             continue
-        data, anc, _, addr = sock.recvmsg(65536, 256)
+        try:  # select also wakes for a transmit stamp (a late one: a rate limit queued the echo)
+            data, anc, _, addr = sock.recvmsg(65536, 256, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            _note_send_lags(sock, sent_ids, send_lag, sent_at)
+            continue
         user = time.monotonic_ns()
         if len(data) < HEADER.size or data[:4] != MAGIC:
             continue
@@ -223,8 +228,16 @@ def send(args: argparse.Namespace) -> int:
     wake_ms: dict[int, float] = {}  # ... and per stamped echo, when it was read less the stamp
 
     ids = itertools.count()  # the kernel's OPT_ID: one per datagram sent
+    room = select.poll()  # for room in the send buffer, or echoes and transmit stamps to read
+    room.register(sock, select.POLLOUT | select.POLLIN)
 
     def send_one(kind: bytes, seq: int, payload: bytes = b"") -> None:
+        # A rate limit on this host's own egress (a lab impaired on its hosts) backs its queue
+        # up into the socket: wait until the socket has room for the datagram rather than try
+        # and fail (a failed send may use up a timestamp ID on kernels before 6.8). poll, not
+        # select: select counts a transmit stamp waiting in the error queue as writable.
+        while not any(ev & select.POLLOUT for _, ev in room.poll(50)):
+            drain()
         ident = next(ids)
         if kind == b"M":
             sent_ids[ident] = seq
