@@ -308,23 +308,29 @@ def test_hosts_impair_their_own_links_live(namespace_hosts, tmp_path):
 
 
 def test_calibrate_on_the_hosts_measures_a_rate_limit(namespace_hosts, tmp_path):
-    """A rate limit on the sender's own egress backs its socket up: the blast waits for room,
-    and the responder, whose echoes queue there too, still reports and exits."""
-    from testbed.netem.calibrate import calibrate
+    """`testbed lab calibrate --inventory` on a lab impaired on its hosts. A rate limit on the
+    sender's own egress backs its socket up: the blast waits for room, and the responder, whose
+    echoes queue there too, still reports and exits."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from testbed.commands.lab import app
 
     ns = namespace_hosts
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml", middlebox=False)
-    lab = InventoryLab.up(
-        LabSpec(name="ainvr", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
-    )
-    try:
-        (row,) = calibrate(lab, {"r5": LinkProfile(rtt_ms=10, rate_mbit=5)}, ["dev1"],
-                           count=100, interval_ms=2, parallel=1)  # fmt: skip
-        # UDP payload of 1200-byte datagrams on a 5 Mbit/s link: 1200/1242 of it, not more
-        assert row.throughput_mbit is not None and 4.0 < row.throughput_mbit <= 5.0, row
-        assert abs(row.rtt_p50_ms - 10) < 1.0 and row.loss_up.lost == 0, row
-    finally:
-        lab.down()
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text("r5: {rtt_ms: 10, rate_mbit: 5}\n")
+    args = ["calibrate", "--inventory", str(inv), "--name", "ainvr", "--profiles", str(profiles),
+            "--state-dir", str(tmp_path / "p"), "-d", "dev1", "--count", "100", "--interval", "2",
+            "--json"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    (row,) = [json.loads(line) for line in res.output.splitlines() if line.startswith("{")]
+    assert (row["profile"], row["device"], row["backend"]) == ("r5", "dev1", row["backend"])
+    # UDP payload of 1200-byte datagrams on a 5 Mbit/s link: 1200/1242 of it, not more
+    assert row["throughput_mbit"] is not None and 4.0 < row["throughput_mbit"] <= 5.0, row
+    assert abs(row["rtt_p50_ms"] - 10) < 1.0 and row["loss_up"]["lost"] == 0, row
 
 
 def backup_topology(devices: int = 2) -> Topology:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from testbed.commands.lab_options import DevicesOpt, InventoryOpt, NameOpt, StateOpt
+
 if TYPE_CHECKING:
     from testbed.bench.link import ProfileTail
     from testbed.netem.calibrate import Calibration, LossVerdict
@@ -75,20 +77,19 @@ def calibrate(
         Path | None,
         typer.Option(help="YAML mapping name -> link profile (default: a built-in set at 85 ms)."),
     ] = None,
-    device: Annotated[
-        list[str] | None,
-        typer.Option("--device", "-d", help="Device name (repeat); default: every device."),
-    ] = None,
+    device: DevicesOpt = None,
     count: Annotated[int, typer.Option(help="Probe packets per link and profile.")] = 500,
     interval: Annotated[float, typer.Option(help="Interval between packets, ms.")] = 5.0,
     backend: Annotated[str, typer.Option(help="auto, netem or nfqueue.")] = "auto",
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON line per link and profile.")
     ] = False,
-    name: Annotated[str, typer.Option("--name", help="Lab name.")] = "lab",
-    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Lab state folder.")] = None,
+    inventory: InventoryOpt = None,
+    name: NameOpt = "lab",
+    state_dir: StateOpt = None,
 ) -> None:
-    """Apply each profile, count packets on both sides of the hop, compare with the model."""
+    """Apply each profile, count packets on both sides of the hop, compare with the model (on a
+    namespace lab, or with --inventory a physical lab's links)."""
     from testbed.commands.lab import _guard, _site
     from testbed.netem.calibrate import (
         DEFAULT_PROFILES,
@@ -98,7 +99,7 @@ def calibrate(
     )
 
     with _guard():
-        site = _site(name, state_dir, None, False)
+        site = _site(name, state_dir, inventory, False)
         chosen = load_profiles(profiles) if profiles else DEFAULT_PROFILES
         rows = calibrate(site, chosen, device, count, interval, backend=backend)  # type: ignore[arg-type]
         _print(rows, as_json)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from testbed.commands.lab_options import DevicesOpt, DryOpt, InventoryOpt, NameOpt, StateOpt
 from testbed.errors import ExitCode, TestbedError
 
 if TYPE_CHECKING:
@@ -24,25 +25,6 @@ app = typer.Typer(
     help="The emulated lab: network namespaces on a bridge, an sshd per host.",
     no_args_is_help=True,
 )
-
-NameOpt = Annotated[str, typer.Option("--name", help="Lab name (1-10 lowercase letters/digits).")]
-StateOpt = Annotated[
-    Path | None,
-    typer.Option("--state-dir", help="Lab state folder [default: <cache>/labs/<name>]."),
-]
-DryOpt = Annotated[bool, typer.Option("--dry-run", help="Print the actions, do nothing.")]
-InventoryOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--inventory",
-        help="A physical lab's Ansible inventory (links impaired on its middlebox, or on its hosts "
-        "where it names none).",
-    ),
-]
-DevicesOpt = Annotated[
-    list[str] | None,
-    typer.Option("--device", "-d", help="Device name (repeat); default: every device."),
-]
 
 
 def _err(msg: str) -> None:
