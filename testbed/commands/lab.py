@@ -95,10 +95,10 @@ def _hosts_table(lab: EmulatedLab) -> None:
 def up(
     devices: Annotated[
         int | None,
-        typer.Option("--devices", "-n", help="Number of devices [default: the topology's; 2]."),
+        typer.Option("--devices", "-n", help="Number of devices (default: the topology's; 2)."),
     ] = None,
     topology: Annotated[
-        Path | None, typer.Option(help="Topology file (topologies/*.yaml) [default: a star].")
+        Path | None, typer.Option(help="Topology file (topologies/*.yaml; default: a star).")
     ] = None,
     name: NameOpt = "lab",
     subnet: Annotated[str, typer.Option(help="IPv4 subnet of the lab.")] = "10.77.0.0/24",
@@ -179,7 +179,7 @@ def down(
 @app.command()
 def clean(
     name: Annotated[
-        str | None, typer.Option("--name", help="Only this lab [default: every tb- lab].")
+        str | None, typer.Option("--name", help="Only this lab (default: every tb- lab).")
     ] = None,
     dry_run: DryOpt = False,
 ) -> None:

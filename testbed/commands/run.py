@@ -12,7 +12,7 @@ from testbed.errors import ExitCode, TestbedError
 def run(
     playbook: Path | None = typer.Argument(None, help="experiment playbook (YAML)"),
     lab: str | None = typer.Option(
-        None, help="lab kind: namespaces | mininet | inventory [default: the playbook's lab.kind]"
+        None, help="lab kind: namespaces | mininet | inventory (default: the playbook's lab.kind)"
     ),
     inventory: Path | None = typer.Option(
         None, help="Ansible inventory of the hosts (implies --lab inventory)"
