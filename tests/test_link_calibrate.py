@@ -160,6 +160,29 @@ def test_round_trips_a_held_up_spell_met_are_told_apart() -> None:
     assert LinkBench(85, 1, [row], spells=unlisted).worst_untouched([row]) == (None, 0)  # type: ignore[list-item]
 
 
+def test_spells_that_keep_a_100_ms_cycle_are_told_from_random_ones() -> None:
+    """The densest 10 ms window of every 100 ms, wrapping around the cycle's end."""
+    import numpy as np
+
+    from testbed.netem.holder_process import HeldUp
+
+    ms = 1_000_000
+    rng = np.random.default_rng(7)
+    spread = [int(t) for t in rng.uniform(0, 60_000 * ms, 200)]
+    periodic = [k * 100 * ms + 97 * ms + int(rng.uniform(0, 5 * ms)) for k in range(300)]
+
+    def cycle(starts: list[int]) -> tuple[int, float, float] | None:
+        windows = tuple((t, t + ms) for t in starts)
+        return LinkBench(85, 1, [], spells=[HeldUp(1, len(windows), 1.0, 1.0, windows)]).spell_cycle
+
+    listed, share, start = cycle(spread)  # type: ignore[misc]
+    assert listed == 200 and 0.05 < share < 0.25  # about a tenth, by chance a little more
+    listed, share, start = cycle(spread + periodic)  # type: ignore[misc]
+    assert listed == 500 and share >= 300 / 500
+    assert 92 <= start < 98  # a window of 10 ms holding 97-102 ms, past the cycle's end
+    assert cycle(periodic[:19]) is None  # too few to tell
+
+
 def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_missed() -> None:
     from testbed.netem.calibrate import LossCheck
     from testbed.netem.holder_process import HeldUp, ReleaseCounts

@@ -26,6 +26,10 @@ LOSSES = (0.0, 0.01, 0.05, 0.1, 0.5, 1.0)
 GOAL_MEDIAN_MS, GOAL_P99_MS = 0.2, 0.5
 NO_BACKUP = " no-backup"  # suffix of the profiles measured with the holder's main thread alone
 MAX_SEND_FACTOR = 4  # at most this many packets per echo wanted (4 covers 50 % loss each way)
+# Where held-up spells fall in each 100 ms of CLOCK_MONOTONIC (a common CPU-bandwidth period of
+# a hypervisor's host), looked at through the densest 10 ms window of that cycle.
+CYCLE_MS, CYCLE_WINDOW_MS = 100.0, 10.0
+MIN_SPELLS_FOR_CYCLE = 20
 
 
 def packets_for(profile: LinkProfile, echoes: int) -> int:
@@ -218,6 +222,23 @@ class LinkBench:
         """The worst link's p99 over the round trips no held-up spell met (shown beside the
         goal, not judged: the goal is judged on every round trip)."""
         return self.worst_untouched(self.judged)[0]
+
+    @property
+    def spell_cycle(self) -> tuple[int, float, float] | None:
+        """(spells listed, the share of them that began in the densest CYCLE_WINDOW_MS window of
+        every CYCLE_MS, that window's start in ms) over the whole run; None with fewer than
+        MIN_SPELLS_FOR_CYCLE. Spells at random times put about a tenth there; a share far above
+        points at something periodic holding both CPUs up."""
+        period = int(CYCLE_MS * 1e6)
+        phase = np.sort([start % period for h in self.spells for start, _ in h.windows])
+        if len(phase) < MIN_SPELLS_FOR_CYCLE:
+            return None
+        wrapped = np.concatenate([phase, phase + period])  # the window may wrap around the cycle
+        inside = np.searchsorted(wrapped, phase + int(CYCLE_WINDOW_MS * 1e6)) - np.arange(
+            len(phase)
+        )
+        best = int(np.argmax(inside))
+        return len(phase), float(inside[best]) / len(phase), float(phase[best]) / 1e6
 
     @property
     def loss(self) -> LossVerdict:

@@ -148,7 +148,13 @@ def link(
     """Link fidelity at every loss rate, all devices loaded at once (userspace backend)."""
     import time
 
-    from testbed.bench.link import GOAL_MEDIAN_MS, GOAL_P99_MS, run_link_bench
+    from testbed.bench.link import (
+        CYCLE_MS,
+        CYCLE_WINDOW_MS,
+        GOAL_MEDIAN_MS,
+        GOAL_P99_MS,
+        run_link_bench,
+    )
     from testbed.commands.lab import _guard
     from testbed.lab import EmulatedLab, LabSpec
 
@@ -177,6 +183,13 @@ def link(
             typer.echo(
                 f"worst p99 over the round trips no held-up spell met (shown, not judged): "
                 f"{untouched:.3f} ms"
+            )
+        if (cycle := res.spell_cycle) is not None:
+            listed, share, start = cycle
+            typer.echo(
+                f"held-up spells by when they began in each {CYCLE_MS:g} ms: {100 * share:.0f} % "
+                f"of {listed} in {start:.1f}-{start + CYCLE_WINDOW_MS:.1f} ms "
+                f"(about {100 * CYCLE_WINDOW_MS / CYCLE_MS:.0f} % at random times)"
             )
         if res.steal_ms is not None:
             typer.echo(f"CPU time the hypervisor took from this VM during the run (steal): "
