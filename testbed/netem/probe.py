@@ -28,6 +28,7 @@ from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
 
 SCRIPT = Path(__file__).resolve().parent / "udp_probe.py"
 BASE_PORT = 47000
+UDP_IP_ETH_BYTES = 8 + 20 + 14  # headers a datagram carries on the wire past its payload
 PROBE_RT_PRIO = 10  # below the holder's: the probe measures the link, not the CPU queue
 
 
@@ -263,7 +264,10 @@ def probe_packets(
         ready, _, _ = select.select([echo.stdout], [], [], 10)
         if not ready or echo.stdout.readline().strip() != b"ready":
             raise ImpairmentError(f"probe responder did not start on {lab.server.name}")
-        budget = count * interval_ms / 1000 + linger + 30
+        # a sender behind a rate limit on its own egress waits for it (lab impaired on its hosts)
+        rate = requested.rate_mbit
+        at_rate = count * (size + UDP_IP_ETH_BYTES) * 8 / (rate * 1e6) if rate else 0.0
+        budget = max(count * interval_ms / 1000, at_rate) + linger + 30
         res = runner.run(send_argv, netns=dev.netns, timeout=budget, error=ImpairmentError)
     finally:
         echo.terminate()
