@@ -27,7 +27,7 @@ from testbed.netem.nfqueue import (
     release_counts,
     restore_text,
 )
-from testbed.netem.probe import probe_packets, summarize
+from testbed.netem.probe import probe_packets, send_budget_s, summarize
 from testbed.netem.profile import GilbertElliott, ScheduleStep
 from testbed.netem.tcnetem import TcNetemBackend, netem_args
 
@@ -171,6 +171,16 @@ def clean_links(lab: EmulatedLab):
 def _bound(figure, level: float = 0.999) -> bool:
     """Measured loss inside a wide binomial interval around the requested rate."""
     return stats.loss_within(figure.lost, figure.of, figure.requested, level)
+
+
+def test_a_probe_sender_behind_a_slow_rate_limit_gets_the_time_the_limit_needs() -> None:
+    """200 datagrams of 1,200 bytes (1,242 on the wire) at 0.05 Mbit/s need 39.7 s; without a
+    limit, or at a limit faster than the sending, the sending time rules."""
+    slow = send_budget_s(LinkProfile(rtt_ms=10, rate_mbit=0.05), 200, 0.0, 1200, 1.0)
+    assert slow == pytest.approx(200 * 1242 * 8 / 0.05e6 + 1 + 30)
+    assert send_budget_s(LinkProfile(rtt_ms=10), 200, 5.0, 64, 1.0) == pytest.approx(1 + 1 + 30)
+    fast = LinkProfile(rtt_ms=10, rate_mbit=100)
+    assert send_budget_s(fast, 200, 5.0, 64, 1.0) == pytest.approx(1 + 1 + 30)
 
 
 def test_probe_responder_reports_each_echos_send_lag_and_both_ends_their_send_times() -> None:

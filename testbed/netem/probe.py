@@ -214,6 +214,17 @@ def probe_link(
                      raw.rx_user_space, raw.rx_wake_ms)  # fmt: skip
 
 
+def send_budget_s(
+    requested: LinkProfile, count: int, interval_ms: float, size: int, linger_s: float
+) -> float:
+    """How long the probe sender may take: its sending time, or, where longer, what `requested`'s
+    rate limit needs to pass its datagrams (a sender behind a limit on its own egress waits for
+    it: a lab impaired on its hosts), then its linger, and 30 s to spare."""
+    rate = requested.rate_mbit
+    at_rate = count * (size + UDP_IP_ETH_BYTES) * 8 / (rate * 1e6) if rate else 0.0
+    return max(count * interval_ms / 1000, at_rate) + linger_s + 30
+
+
 def probe_packets(
     lab: LinkSite,
     device: str | LabHost,
@@ -264,10 +275,7 @@ def probe_packets(
         ready, _, _ = select.select([echo.stdout], [], [], 10)
         if not ready or echo.stdout.readline().strip() != b"ready":
             raise ImpairmentError(f"probe responder did not start on {lab.server.name}")
-        # a sender behind a rate limit on its own egress waits for it (lab impaired on its hosts)
-        rate = requested.rate_mbit
-        at_rate = count * (size + UDP_IP_ETH_BYTES) * 8 / (rate * 1e6) if rate else 0.0
-        budget = max(count * interval_ms / 1000, at_rate) + linger + 30
+        budget = send_budget_s(requested, count, interval_ms, size, linger)
         res = runner.run(send_argv, netns=dev.netns, timeout=budget, error=ImpairmentError)
     finally:
         echo.terminate()
