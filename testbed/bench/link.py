@@ -26,8 +26,8 @@ LOSSES = (0.0, 0.01, 0.05, 0.1, 0.5, 1.0)
 GOAL_MEDIAN_MS, GOAL_P99_MS = 0.2, 0.5
 NO_BACKUP = " no-backup"  # suffix of the profiles measured with the holder's main thread alone
 MAX_SEND_FACTOR = 4  # at most this many packets per echo wanted (4 covers 50 % loss each way)
-# Where held-up spells fall in each 100 ms of CLOCK_MONOTONIC (a common CPU-bandwidth period of
-# a hypervisor's host), looked at through the densest 10 ms window of that cycle.
+# Where held-up spells fall in each 100 ms of CLOCK_MONOTONIC (the cycle they kept on the VM this
+# was built on), looked at through the densest 10 ms window of that cycle.
 CYCLE_MS, CYCLE_WINDOW_MS = 100.0, 10.0
 MIN_SPELLS_FOR_CYCLE = 20
 
