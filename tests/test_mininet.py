@@ -111,26 +111,3 @@ def test_tclink_without_netem_is_detected(root_netns: None, mininet_api) -> None
                 require_netem(net)
     finally:
         net.stop()
-
-
-def test_mininet_hosts_get_host_class_limits(root_netns: None, mininet_api, tmp_path: Path) -> None:
-    from testbed.lab.limits import cgroup_members
-    from testbed.lab.mininet import MininetLab
-    from testbed.lab.spec import LabSpec
-
-    spec = LabSpec.build(
-        name="hmnl",
-        devices=1,
-        subnet="10.85.12.0/24",
-        state_dir=str(tmp_path / "lab"),
-        pi5_cores=0.2,
-    )
-    lab = MininetLab.up(spec)
-    try:
-        (applied,) = lab.state.limits
-        assert applied.host == "dev1" and applied.cpu_cores == pytest.approx(0.2)
-        sshd_pid = int(lab.state.sshd_pid_files["dev1"].read_text())
-        assert all(sshd_pid in cgroup_members(Path(g)) for g in applied.cgroups)
-    finally:
-        removed = lab.down()
-    assert any(r.startswith("cgroup ") for r in removed)

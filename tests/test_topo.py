@@ -9,8 +9,9 @@ from pydantic import ValidationError
 
 from testbed.errors import BadInputError
 from testbed.netem.profile import LinkProfile
+from testbed.topo.catalogue import load_catalogue
 from testbed.topo.files import load_topology
-from testbed.topo.hosts import HOST_CLASSES, host_class
+from testbed.topo.hosts import host_class, host_classes, load_host_classes
 from testbed.topo.model import Topology
 
 REPO = Path(__file__).resolve().parent.parent
@@ -18,13 +19,29 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_class_table_orders_the_devices_as_their_hardware():
     pi, jetson = host_class("pi5"), host_class("jetson-orin-nano")
-    assert jetson.relative_speed > pi.relative_speed
+    catalogue = load_catalogue()
+    pi_hw = catalogue.hardware(pi.hardware, "pi5")
+    jetson_hw = catalogue.hardware(jetson.hardware, "jetson-orin-nano")
+    assert jetson_hw.bandwidth_gbs > pi_hw.bandwidth_gbs
     assert (pi.engine, jetson.engine, host_class("a100").engine) == (
         "llama-cpp-cpu",
         "llama-cpp-cuda",
         "torch-cuda",
     )
-    assert all(c.roles for c in HOST_CLASSES.values())
+    assert all(c.roles for c in host_classes().values())
+
+
+def test_every_host_class_stands_for_hardware_in_the_catalogue():
+    catalogue = load_catalogue()
+    for name, cls in host_classes().items():
+        catalogue.hardware(cls.hardware, f"host class {name}")  # raises for an unknown one
+
+
+def test_a_bad_host_class_file_names_the_file_and_key(tmp_path: Path):
+    bad = tmp_path / "classes.yaml"
+    bad.write_text("pi5: {description: x, cores: 0, hardware: pi5, engine: x, roles: [device]}\n")
+    with pytest.raises(BadInputError, match=r"classes.yaml.*pi5\.cores"):
+        load_host_classes(bad)
 
 
 def test_unknown_class_lists_the_known_ones():

@@ -11,13 +11,13 @@ equals the target's own greedy decoding in both modes (tests/test_balance_engine
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from agents.balance.modes import AD, SD
+from agents.emulation import clock
 from agents.engines.base import Engine
 from agents.spec.acceptance import verify
 from agents.spec.decoding import finish
@@ -43,15 +43,15 @@ class EngineExecutor:
         self.draft_len = draft_len
         self.users: dict[int, _User] = {}
         self.outputs: dict[int, list[int]] = {}
-        self._t0 = time.perf_counter()
+        self._t0 = clock.monotonic()
 
     def clock(self) -> float:
-        return time.perf_counter() - self._t0
+        return clock.monotonic() - self._t0
 
     def wait_until(self, t: float) -> None:
         left = t - self.clock()
         if left > 0:
-            time.sleep(left)
+            clock.sleep(left)
 
     def submit(self, uid: int, prompt: Sequence[int], max_new: int) -> None:
         """Register a user's prompt; its caches are built when the loop starts it."""

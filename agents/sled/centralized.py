@@ -8,12 +8,12 @@ continuous batching. The result goes back in one RESULT when a generation finish
 
 from __future__ import annotations
 
-import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from agents.emulation import clock
 from agents.engines.base import Engine
 from agents.spec.decoding import finish
 from agents.spec.session import TrackedSession
@@ -56,7 +56,7 @@ class ContinuousBatcher:
              max_new: int) -> None:  # fmt: skip
         """Queue a generation; it enters the batch at the next step with room."""
         gen = RunningRequest(key, rid, addr, TrackedSession(self.engine), list(prompt), max_new,
-                         time.monotonic())  # fmt: skip
+                         clock.monotonic())  # fmt: skip
         self.waiting.append(gen)
 
     def step(self) -> tuple[list[RunningRequest], int]:
@@ -67,7 +67,7 @@ class ContinuousBatcher:
         gens = list(self.running.values())
         if not gens:
             return [], 0
-        now = time.monotonic()
+        now = clock.monotonic()
         feeds = {}
         for g in gens:
             g.started = g.started or now

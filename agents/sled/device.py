@@ -29,6 +29,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from agents.emulation import clock
+from agents.emulation.pacing import modelled_total_s, pacing_rows
+from agents.emulation.settings import EmulationError, load_emulation
 from agents.engines.base import Engine, TokenizerMismatchError
 from agents.engines.factory import load_engine
 from agents.power import PowerSampler, detect_source
@@ -160,7 +163,7 @@ class DeviceAgent:
             self.retry,
             self.cfg.retries,
         )
-        self.last_probe = time.monotonic()
+        self.last_probe = clock.monotonic()
         return self._accept_ack(ex.reply)
 
     def probe(self) -> None:
@@ -170,9 +173,9 @@ class DeviceAgent:
         )
         if self._accept_ack(msg):
             return
-        if (time.monotonic() - self.last_probe) * 1000 >= self.cfg.probe_ms:
+        if (clock.monotonic() - self.last_probe) * 1000 >= self.cfg.probe_ms:
             self.link.send(self._hello())
-            self.last_probe = time.monotonic()
+            self.last_probe = clock.monotonic()
 
     # -- one round -----------------------------------------------------------------------
     def _verify(self, sid: str, committed: list[int], synced: int, drafts: list[int],
@@ -253,13 +256,18 @@ class DeviceAgent:
         self.carry = ([], [])  # look-ahead of another problem's last round is not ours
         out: list[int] = []
         verified = fallback = rounds = 0
-        t_start = time.time()
+        t_start = clock.now()
         while True:
-            t0 = time.time()
+            t0 = clock.now()
             k = self.lengths.current if self.lengths else cfg.draft_len
             timeout_ms = self.retry.timeout_ms
+            modelled_before = modelled_total_s(self.engine)
             drafts, q, conf, used = self._draft(committed, k)
-            draft_ms = (time.time() - t0) * 1000
+            draft_ms = (clock.now() - t0) * 1000
+            modelled_after = modelled_total_s(self.engine)
+            draft_modelled_ms = (
+                None if modelled_after is None else (modelled_after - modelled_before) * 1000
+            )
             if not self.online and self.link is not None:
                 self.probe()
             verdict, ex = (None, None)
@@ -270,7 +278,7 @@ class DeviceAgent:
                 verdict, ex = self._verify(sid, committed, synced, drafts, q, conf, n_retry)
                 if verdict is None:
                     self.online = False
-                    self.last_probe = time.monotonic()
+                    self.last_probe = clock.monotonic()
             ahead = len(self.ahead.tokens) if self.ahead else 0
             if self.ahead:
                 v = isinstance(verdict, wire.Verdict)
@@ -306,7 +314,7 @@ class DeviceAgent:
                     "problem": sid,
                     "round": rounds,
                     "t_start": t0,
-                    "t_end": time.time(),
+                    "t_end": clock.now(),
                     "mode": mode,
                     "draft_len": k,
                     "drafted": len(drafts),
@@ -322,6 +330,7 @@ class DeviceAgent:
                     "rtt_ms": ex.rtt_ms if ex else None,
                     "waited_ms": ex.waited_ms if ex else 0.0,
                     "draft_ms": draft_ms,
+                    "draft_modelled_ms": draft_modelled_ms,
                     "batch": verdict.batch if mode == "verified" else None,
                     "server_queue_ms": verdict.queue_ms if mode == "verified" else None,
                     "server_compute_ms": verdict.compute_ms if mode == "verified" else None,
@@ -333,7 +342,7 @@ class DeviceAgent:
         if self.online:
             self.link.send(wire.End(cfg.dev, sid, self.next_rid(), self.epoch))
         text = self.engine.detokenize(out)
-        record = request_record(cfg.dev, problem, t_start, time.time(), n_prompt, out, text,
+        record = request_record(cfg.dev, problem, t_start, clock.now(), n_prompt, out, text,
                                 verified, fallback, rounds)  # fmt: skip
         self.records.write("requests", record)
         return record
@@ -347,15 +356,15 @@ class DeviceAgent:
         cfg = self.cfg
         sid = str(problem["id"])
         prompt = self.engine.tokenize(problem["prompt"])
-        t_start = time.time()
+        t_start = clock.now()
         reply: wire.Message | None = None
         attempts = 0
         if not self.online:
             self.handshake()
-        while self.online and time.time() - t_start < cfg.generate_timeout_s and not self.stopping:
+        while self.online and clock.now() - t_start < cfg.generate_timeout_s and not self.stopping:
             rid = self.next_rid()
             msg = wire.Generate(cfg.dev, rid, sid, prompt, cfg.max_new, self.epoch)
-            while time.time() - t_start < cfg.generate_timeout_s and not self.stopping:
+            while clock.now() - t_start < cfg.generate_timeout_s and not self.stopping:
                 self.link.send(msg)
                 attempts += 1
                 reply = self.link.poll(
@@ -370,7 +379,7 @@ class DeviceAgent:
                 self.handshake()
                 continue
             if isinstance(reply, wire.Error) and reply.code in GENERATE_AGAIN:
-                time.sleep(cfg.probe_ms / 1000)
+                clock.sleep(cfg.probe_ms / 1000)
                 continue
             break
         if isinstance(reply, wire.Error) and reply.code == "sequence_too_long":
@@ -378,7 +387,7 @@ class DeviceAgent:
         if isinstance(reply, wire.Error):
             raise RuntimeError(f"server refused {sid}: {reply.reason}")
         out = reply.tokens if isinstance(reply, wire.Result) else []
-        t_end = time.time()
+        t_end = clock.now()
         self.records.write(
             "rounds",
             {"dev": cfg.dev, "problem": sid, "round": 0, "t_start": t_start, "t_end": t_end,
@@ -394,16 +403,17 @@ class DeviceAgent:
 
     def run(self, problems: list[dict[str, Any]]) -> int:
         """All problems in order; returns how many were answered."""
+        self.engine.warm_up()  # lazy set-up must not land on (and be paced in) the first round
         if self.link is not None:
             self.handshake()
         done = 0
-        t0 = time.time()
+        t0 = clock.now()
         for problem in problems:
             if self.stopping:
                 break
             if problem.get("arrive_s") is not None:  # open-loop arrivals (Poisson)
                 problem = {**problem, "t_arrival": t0 + float(problem["arrive_s"])}
-                time.sleep(max(0.0, problem["t_arrival"] - time.time()))
+                clock.sleep(max(0.0, problem["t_arrival"] - clock.now()))
             if self.cfg.mode == "centralized":
                 self.run_centralized(problem)
             else:
@@ -484,6 +494,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--probe-ms", type=float, default=200.0)
+    ap.add_argument(
+        "--emulation",
+        type=Path,
+        help="JSON from the controller: time dilation, and the hardware and draft model this "
+        "host stands for (agents.emulation.settings)",
+    )
     args = ap.parse_args(argv)
     if args.config:  # the file's settings become defaults; flags given explicitly win
         try:
@@ -496,11 +512,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode != "device-only" and not (args.server and args.key_file):
         ap.error(f"--mode {args.mode} needs --server and --key-file")
 
+    try:
+        emulation = load_emulation(args.emulation)
+    except EmulationError as exc:
+        ap.error(str(exc))
+    emulation.start()
     link = None  # device-only: no server, no network
     if args.mode != "device-only":
         link = ServerLink(args.server, key_for_agent(args.key_file, f"device {args.dev}"))
     problems = load_problems(args.problems)
-    engine = load_engine(args.model, kind=args.engine, threads=args.threads)
+    engine = emulation.engine(
+        load_engine(args.model, kind=args.engine, threads=args.threads), "draft"
+    )
     cfg = DeviceConfig(
         args.dev, args.draft_len, args.timeout_ms, args.retries, args.max_new, args.probe_ms,
         args.draft_policy, args.draft_min, args.draft_max, args.target_acceptance,
@@ -509,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         min_confidence=args.min_confidence, copies=args.copies, lookahead=args.lookahead,
         retry_confidence=args.retry_confidence,
     )  # fmt: skip
-    t0 = time.time()
+    t0 = clock.now()
     power = PowerSampler(args.records, detect_source())
     with RecordWriter(args.records) as records, power:
         agent = DeviceAgent(engine, link, records, cfg)
@@ -523,8 +546,10 @@ def main(argv: list[str] | None = None) -> int:
         except TokenizerMismatchError as exc:
             print(f"device {args.dev}: refused by the server: {exc}", file=sys.stderr)
             return 3
-        t1 = time.time()
+        t1 = clock.now()
         power.stop()
+        for row in pacing_rows({"draft": engine}):
+            records.write("pacing", {"dev": args.dev, **row})
         status = {"dev": args.dev, "answered": answered, "t_start": t0, "t_end": t1,
                   "seconds": t1 - t0, **power.summary.as_status()}  # fmt: skip
         (args.records / "status.json").write_text(json.dumps(status) + "\n")

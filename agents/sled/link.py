@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agents.emulation import clock
 from agents.protocol import wire
 from agents.protocol.auth import LabKey
 from agents.sled.retry import RetryPolicy
@@ -46,10 +46,10 @@ class ServerLink:
 
     def poll(self, wanted: Callable[[wire.Message], bool], timeout_s: float = 0.0):
         """The first wanted message to arrive within timeout_s, or None; others are dropped."""
-        deadline = time.monotonic() + timeout_s
+        deadline = clock.monotonic() + timeout_s
         while True:
-            left = max(0.0, deadline - time.monotonic())
-            if not select.select([self.sock], [], [], left)[0]:
+            left = max(0.0, deadline - clock.monotonic())
+            if not select.select([self.sock], [], [], clock.to_real(left))[0]:
                 return None
             try:
                 data, _ = self.sock.recvfrom(wire.MAX_DATAGRAM)
@@ -61,7 +61,7 @@ class ServerLink:
                 continue
             if wanted(msg):
                 return msg
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 return None
 
     def request(
@@ -80,17 +80,17 @@ class ServerLink:
         While waiting, `idle` is called for one small unit of other work (look-ahead
         drafting) as long as it returns True, with a non-blocking check for the reply after
         each unit; once it returns False the wait blocks."""
-        first = time.monotonic()
+        first = clock.monotonic()
         for attempt in range(1, retries + 2):
-            sent = time.monotonic()
+            sent = clock.monotonic()
             deadline = sent + policy.timeout_s()
             out = resend if resend is not None and attempt > 1 else msg
             self.send(out, getattr(out, "copies", 1))
             while True:
                 busy = idle is not None and idle()
-                left = 0.0 if busy else max(0.0, deadline - time.monotonic())
+                left = 0.0 if busy else max(0.0, deadline - clock.monotonic())
                 reply = self.poll(wanted, left)
-                now = time.monotonic()
+                now = clock.monotonic()
                 if reply is not None:
                     rtt_ms = (now - sent) * 1000
                     if attempt == 1:  # Karn: a retried exchange's RTT is ambiguous
@@ -98,7 +98,7 @@ class ServerLink:
                     return Exchange(reply, attempt, rtt_ms, (now - first) * 1000)
                 if now >= deadline:
                     break
-        return Exchange(None, retries + 1, None, (time.monotonic() - first) * 1000)
+        return Exchange(None, retries + 1, None, (clock.monotonic() - first) * 1000)
 
     def close(self) -> None:
         self.sock.close()

@@ -18,10 +18,12 @@ import argparse
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any, Literal
 
+from agents.emulation import clock
+from agents.emulation.pacing import pacing_rows
+from agents.emulation.settings import EmulationError, load_emulation
 from agents.engines.base import Engine
 from agents.engines.factory import load_engine
 from agents.power import PowerSampler, detect_source
@@ -61,9 +63,9 @@ class LocalServer:
         """Answer one problem; write its round and request records; return the request."""
         dev, sid = str(problem["dev"]), str(problem["id"])
         prompt = self.target.tokenize(problem["prompt"])
-        t_start = time.time()
+        t_start = clock.now()
         gen = self.generate(prompt)
-        t_end = time.time()
+        t_end = clock.now()
         out = gen.tokens
         self.records.write(
             "rounds",
@@ -81,7 +83,10 @@ class LocalServer:
 
     def run(self, problems: list[dict[str, Any]]) -> int:
         """All problems, in file order or at their arrival times; returns how many."""
-        t0 = time.time()
+        for engine in (self.target, self.draft):
+            if engine is not None:
+                engine.warm_up()  # lazy set-up must not land on the first answer
+        t0 = clock.now()
         if any(p.get("arrive_s") is not None for p in problems):
             problems = sorted(problems, key=lambda p: float(p.get("arrive_s") or 0.0))
         done = 0
@@ -90,7 +95,7 @@ class LocalServer:
                 break
             if problem.get("arrive_s") is not None:
                 problem = {**problem, "t_arrival": t0 + float(problem["arrive_s"])}
-                time.sleep(max(0.0, problem["t_arrival"] - time.time()))
+                clock.sleep(max(0.0, problem["t_arrival"] - clock.now()))
             self.run_problem(problem)
             done += 1
         return done
@@ -107,15 +112,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--problems", type=Path, required=True, help="JSON lines: dev, id, prompt")
     ap.add_argument("--records", type=Path, required=True, help="folder for record files")
+    ap.add_argument(
+        "--emulation",
+        type=Path,
+        help="JSON from the controller: time dilation, and the hardware and models this host "
+        "stands for (agents.emulation.settings)",
+    )
     args = ap.parse_args(argv)
     if args.mode == "sd" and not args.draft:
         ap.error("--mode sd needs --draft")
+    try:
+        emulation = load_emulation(args.emulation)
+    except EmulationError as exc:
+        ap.error(str(exc))
+    emulation.start()
     problems = load_problems(args.problems)
     if missing := [str(p["id"]) for p in problems if "dev" not in p]:
         ap.error(f"{args.problems}: problems {', '.join(missing)} lack the key 'dev'")
-    target = load_engine(args.target, device=args.device, threads=args.threads)
-    draft = load_engine(args.draft, threads=args.threads) if args.mode == "sd" else None
-    t0 = time.time()
+    target = emulation.engine(
+        load_engine(args.target, device=args.device, threads=args.threads), "target"
+    )
+    draft = None
+    if args.mode == "sd":
+        draft = emulation.engine(load_engine(args.draft, threads=args.threads), "draft")
+    t0 = clock.now()
     power = PowerSampler(args.records, detect_source())
     with RecordWriter(args.records) as records, power:
         server = LocalServer(args.mode, target, draft, records, args.max_new, args.draft_len)
@@ -125,8 +145,11 @@ def main(argv: list[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, stop)
         answered = server.run(problems)
-        t1 = time.time()
+        t1 = clock.now()
         power.stop()
+        engines = {"target": target} | ({"draft": draft} if draft is not None else {})
+        for row in pacing_rows(engines):
+            records.write("pacing", row)
         status = {"answered": answered, "t_start": t0, "t_end": t1, "seconds": t1 - t0,
                   **power.summary.as_status()}  # fmt: skip
         (args.records / "status.json").write_text(json.dumps(status) + "\n")

@@ -27,7 +27,6 @@ import select
 import signal
 import socket
 import sys
-import time
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -36,6 +35,9 @@ from typing import cast
 
 import numpy as np
 
+from agents.emulation import clock
+from agents.emulation.pacing import last_modelled_ms, pacing_rows
+from agents.emulation.settings import EmulationError, load_emulation
 from agents.engines.base import Engine
 from agents.engines.factory import load_engine
 from agents.power import PowerSampler, detect_source
@@ -202,7 +204,7 @@ class VerificationServer:
                     self._stale(msg.dev, msg.rid, addr)
                     return
                 batch[:] = [p for p in batch if p.msg.dev != msg.dev]  # a newer rid supersedes
-                pending = Pending(msg, addr, time.monotonic())
+                pending = Pending(msg, addr, clock.monotonic())
                 if self.kv_queue is not None and msg.dev in self.kv_queue.entries:
                     self.kv_queue.offer(msg.dev, pending, pending.arrived)  # keeps its place
                 else:
@@ -245,11 +247,11 @@ class VerificationServer:
             self._send(error, addr, msg.dev)
         elif self.kv_queue is not None:
             batch[:] = [p for p in batch if p.msg.dev != msg.dev]  # a newer rid supersedes
-            batch.append(Pending(msg, addr, time.monotonic()))
+            batch.append(Pending(msg, addr, clock.monotonic()))
         elif self._admit(key, len(msg.prompt) + msg.max_new):
             self.batcher.join(key, msg.rid, addr, msg.prompt, msg.max_new)
         else:
-            self._no_room(Pending(msg, addr, time.monotonic()), time.monotonic())
+            self._no_room(Pending(msg, addr, clock.monotonic()), clock.monotonic())
 
     def _start_generation(self, p: Pending, since: float, waiting: bool) -> bool:
         """Admit a GENERATE from the wait line into the batcher, or leave it waiting; returns
@@ -263,7 +265,7 @@ class VerificationServer:
 
     def generate_step(self) -> None:
         """One continuous-batching step of the centralized generations; answer finished ones."""
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         try:
             finished, size = self.batcher.step()
         except Exception as exc:  # noqa: BLE001 - one bad step must not stop the server
@@ -275,7 +277,7 @@ class VerificationServer:
                 self.batcher.remove(gen.key)
                 self.pool.release(gen.key)
             return
-        t1 = time.monotonic()
+        t1 = clock.monotonic()
         for gen in finished:
             self.pool.release(gen.key)
             dev, sid = gen.key
@@ -284,13 +286,14 @@ class VerificationServer:
                                 round((t1 - (gen.started or t0)) * 1000, 3))  # fmt: skip
             self._send(reply, gen.addr, dev)
             if self.records:
-                row = {"t": time.time(), "dev": dev, "sid": sid, "tokens": len(gen.out),
+                row = {"t": clock.now(), "dev": dev, "sid": sid, "tokens": len(gen.out),
                        "steps": gen.steps, "queue_ms": reply.queue_ms,
                        "gen_ms": reply.gen_ms}  # fmt: skip
                 self.records.write("generations", row)
         if self.records:
-            row = {"t": time.time(), "batch": size, "finished": len(finished),
-                   "compute_ms": (t1 - t0) * 1000}  # fmt: skip
+            row = {"t": clock.now(), "batch": size, "finished": len(finished),
+                   "compute_ms": (t1 - t0) * 1000,
+                   "modelled_ms": last_modelled_ms(self.engine)}  # fmt: skip
             self.records.write("ar_steps", row)
 
     def _stale(self, dev: str, rid: int, addr: tuple[str, int]) -> None:
@@ -336,7 +339,7 @@ class VerificationServer:
 
     def expire_idle(self, keep: tuple[str, str] | None = None) -> None:
         """Drop sessions idle for longer than the pool's idle_s (all but `keep`)."""
-        for key in self.pool.idle(time.monotonic()):
+        for key in self.pool.idle(clock.monotonic()):
             if key != keep:
                 self.refusals["expired_idle"] += 1
                 self.drop(key)  # type: ignore[arg-type]
@@ -347,7 +350,7 @@ class VerificationServer:
             self.expire_idle(keep=key)
         if not self.pool.fits(key, tokens):
             return False
-        self.pool.hold(key, tokens, time.monotonic())
+        self.pool.hold(key, tokens, clock.monotonic())
         return True
 
     def _session(self, dev: str, sid: str) -> ServerSession:
@@ -365,7 +368,7 @@ class VerificationServer:
     def verify_batch(self, batch: list[Pending]) -> None:
         """Admit the queued, then the new requests; group them by the batch strategy, one
         forward per group."""
-        t_start = time.monotonic()
+        t_start = clock.monotonic()
         plan: list[Planned] = []
         candidates = [(p, p.arrived) for p in batch]
         if self.kv_queue is not None:
@@ -423,14 +426,14 @@ class VerificationServer:
 
     def _forward(self, group: list[Planned], padding: float, t_start: float) -> None:
         """One target forward for the group's requests, then a verdict to each device."""
-        t_forward = time.monotonic()
+        t_forward = clock.monotonic()
         inputs = {x.session.tracked.sid: x.feed + x.msg.draft for x in group}
         try:
             logits = self.engine.score_batch(inputs)
         except Exception as exc:  # noqa: BLE001 - one bad batch must not stop the server
             self._engine_failed(group, exc)
             return
-        compute_ms = (time.monotonic() - t_forward) * 1000
+        compute_ms = (clock.monotonic() - t_forward) * 1000
         self.batches += 1
         for x in group:
             m, session = x.msg, x.session
@@ -445,7 +448,7 @@ class VerificationServer:
             session.committed = x.committed + verdict.emitted(m.draft)
             if m.conf:
                 self.confidence.add(m.conf, verdict.accepted)
-            self.pool.hold((m.dev, m.sid), len(session.tracked.tokens), time.monotonic())
+            self.pool.hold((m.dev, m.sid), len(session.tracked.tokens), clock.monotonic())
             queue_ms = (t_forward - x.pending.arrived) * 1000
             reply = wire.Verdict(
                 m.rid,
@@ -462,7 +465,7 @@ class VerificationServer:
                 self.records.write(
                     "verifications",
                     {
-                        "t": time.time(),
+                        "t": clock.now(),
                         "dev": m.dev,
                         "rid": m.rid,
                         "sid": m.sid,
@@ -480,7 +483,7 @@ class VerificationServer:
             self.records.write(
                 "batches",
                 {
-                    "t": time.time(),
+                    "t": clock.now(),
                     "batch": len(group),
                     "strategy": self.strategy,
                     "tokens": sum(len(v) for v in inputs.values()),
@@ -491,6 +494,7 @@ class VerificationServer:
                     "kv_queued": len(self.kv_queue or ()),
                     "sessions": len(self.sessions),
                     "compute_ms": compute_ms,
+                    "modelled_ms": last_modelled_ms(self.engine),
                 },
             )
 
@@ -514,7 +518,7 @@ class VerificationServer:
     def write_refusals(self) -> None:
         """Append the refusal counts (cumulative, one record per reason) to the records."""
         if self.records:
-            t = time.time()
+            t = clock.now()
             for reason, count in self.refusals.snapshot().items():
                 self.records.write("refusals", {"t": t, "reason": reason, "count": count})
             self.records.write("refusals", {"t": t, "reason": "repeat", "count": self.repeats})
@@ -524,9 +528,9 @@ class VerificationServer:
     def serve(self, until: float | None = None) -> None:
         """Serve until `stopping` is set (by a signal) or the monotonic deadline `until`."""
         self.sock.setblocking(False)
-        while not self.stopping and (until is None or time.monotonic() < until):
+        while not self.stopping and (until is None or clock.monotonic() < until):
             wait = 0.0 if self.batcher.busy else 0.1
-            ready, _, _ = select.select([self.sock], [], [], wait)
+            ready, _, _ = select.select([self.sock], [], [], clock.to_real(wait))
             if not ready:
                 if self.batcher.busy:
                     self.generate_step()
@@ -543,14 +547,14 @@ class VerificationServer:
                     self.datagrams += 1
                     self._safe_handle(data, addr, batch)
                     if batch and deadline is None:
-                        deadline = time.monotonic() + self.window_s
+                        deadline = clock.monotonic() + self.window_s
                     if len(batch) >= self.max_batch:
                         break
                 except BlockingIOError:
                     if deadline is None:
                         break
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                    left = deadline - clock.monotonic()
+                    if left <= 0 or not select.select([self.sock], [], [], clock.to_real(left))[0]:
                         break
             if batch or self.kv_queue:
                 self.verify_batch(batch)
@@ -621,6 +625,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--idle-s", type=float, default=120.0, help="expire sessions idle this long")
     ap.add_argument("--records", type=Path, required=True, help="folder for record files")
     ap.add_argument("--ready-file", type=Path, help="touched once the server listens")
+    ap.add_argument(
+        "--emulation",
+        type=Path,
+        help="JSON from the controller: time dilation, and the hardware and target model this "
+        "host stands for (agents.emulation.settings)",
+    )
     return ap
 
 
@@ -632,14 +642,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.prefill_chunk is not None and args.prefill_chunk < 1:
         ap.error("--prefill-chunk must be >= 1")
 
+    try:
+        emulation = load_emulation(args.emulation)
+    except EmulationError as exc:
+        ap.error(str(exc))
+    emulation.start()
     key = key_for_agent(args.key_file, "verification server")
     engine = load_engine(
         args.model, args.engine, args.device, args.threads, prefill_chunk=args.prefill_chunk
     )
+    engine = emulation.engine(engine, "target")
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.bind(args.bind)
-    t0 = time.time()
+    t0 = clock.now()
     power = PowerSampler(args.records, detect_source())
     with RecordWriter(args.records) as records, power:
         max_seq = args.max_seq_length or getattr(engine, "max_positions", None) or 4096
@@ -667,7 +683,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         server.serve()
         power.stop()
-        t1 = time.time()  # the status names no host: the controller knows it by the folder
+        for row in pacing_rows({"target": engine}):
+            records.write("pacing", row)
+        t1 = clock.now()  # the status names no host: the controller knows it by the folder
         status = {"role": "server", "t_start": t0, "t_end": t1, "seconds": t1 - t0}
         (args.records / "status.json").write_text(
             json.dumps({**status, **power.summary.as_status()}) + "\n"

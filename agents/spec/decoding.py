@@ -7,12 +7,12 @@ round across a device (drafting) and a server (verifying) but applies the same
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from agents.emulation import clock
 from agents.engines.base import Engine
 from agents.spec.acceptance import pick, probabilities, sample, verify
 from agents.spec.rates import acceptance_rate
@@ -58,7 +58,7 @@ def generate_ad(
     rng: np.random.Generator | None = None,
 ) -> Generation:
     """The target alone, one token per forward."""
-    t0 = time.perf_counter()
+    t0 = clock.monotonic()
     session = TrackedSession(engine)
     committed = list(prompt)
     out: list[int] = []
@@ -74,7 +74,7 @@ def generate_ad(
                 break
     finally:
         session.close()
-    return Generation(out, time.perf_counter() - t0, rounds=steps)
+    return Generation(out, clock.monotonic() - t0, rounds=steps)
 
 
 def draft_tokens(
@@ -139,21 +139,21 @@ def generate_sd(
     """Speculative decoding: the draft proposes k tokens, the target verifies them at once."""
     if k < 1:
         raise ValueError("draft length k must be >= 1")
-    t0 = time.perf_counter()
+    t0 = clock.monotonic()
     ds, ts = TrackedSession(draft), TrackedSession(target)
     committed = list(prompt)
     gen = Generation([], 0.0)
     try:
         while True:
-            t_draft = time.perf_counter()
+            t_draft = clock.monotonic()
             drafts, q = draft_tokens(ds, committed, k, temperature, rng)
-            t_verify = time.perf_counter()
+            t_verify = clock.monotonic()
             feed = ts.prepare(committed)
             logits = ts.score(feed + drafts)[len(feed) - 1 :]
             verdict = verify(logits, drafts, temperature, q, rng)
             ts.truncate(len(committed) + verdict.accepted)
             gen.draft_seconds += t_verify - t_draft
-            gen.verify_seconds += time.perf_counter() - t_verify
+            gen.verify_seconds += clock.monotonic() - t_verify
             new = verdict.emitted(drafts)
             committed.extend(new)
             gen.rounds += 1
@@ -167,5 +167,5 @@ def generate_sd(
     finally:
         ds.close()
         ts.close()
-    gen.seconds = time.perf_counter() - t0
+    gen.seconds = clock.monotonic() - t0
     return gen

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import platform
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from agents.emulation import clock
+from agents.engines.base import Engine
 from testbed.balance.costmodel import CostModel, LoopStep, ModelCost, StepCost
 
 
@@ -55,10 +56,10 @@ def interleaved_medians(
     for _ in range(repeats):
         for name, step in steps.items():
             if name in idle_before:
-                time.sleep(idle_before[name])
-            start = time.perf_counter()
+                clock.sleep(idle_before[name])
+            start = clock.monotonic()
             step()
-            runs[name].append(time.perf_counter() - start)
+            runs[name].append(clock.monotonic() - start)
     return {name: statistics.median(times) for name, times in runs.items()}
 
 
@@ -143,20 +144,23 @@ def measure_cost_model(
     threads: int = 1,
     device: str = "cpu",
     idle_s: float = 0.05,
+    wrap: Callable[[Engine, str], Engine] = lambda engine, _role: engine,
 ) -> CostModel:
     """The cost model of the pair on this host (with the points it was fitted to).
 
     Each loop step is timed right after another step (`busy`) and after `idle_s` of sleep
     (`after_idle`: the loop's period, which it waits out when no step is owed); prefill is
-    timed after the sleep, as a user starts at the top of a period."""
+    timed after the sleep, as a user starts at the top of a period. `wrap(engine, role)`
+    gives the engine the loop runs (an emulated host's: paced to the hardware it stands for,
+    `agents.emulation`); times are read off the agents' clock (emulated time)."""
     from agents.balance.engine import EngineExecutor
     from agents.balance.modes import AD, SD
     from agents.engines.torch_hf import TorchEngine
     from agents.workloads.arithmetic import heldout_problems, prompt
     from testbed.bench.sd import run_sd_bench
 
-    target = TorchEngine(target_dir, device=device, threads=threads)
-    draft = TorchEngine(draft_dir, device=device, threads=threads)
+    target = wrap(TorchEngine(target_dir, device=device, threads=threads), "target")
+    draft = wrap(TorchEngine(draft_dir, device=device, threads=threads), "draft")
     prompts = [target.tokenize(prompt(p)) for p in heldout_problems(acceptance_prompts, seed=5)]
     long = max(prompts, key=len)
     executor = EngineExecutor(target, draft, draft_len)

@@ -1,12 +1,12 @@
-"""Host-class limits and the backup path, measured on the emulated lab (root).
+"""Host-class compute and the backup path, measured on the emulated lab (root).
 
-    testbed bench lab-paths [--pi5-cores 0.25] [--tokens 64] [--cuts 5]     (as root)
+    testbed bench lab-paths [--draft-as MODEL@FORMAT] [--tokens 64] [--cuts 5]     (as root)
 
-1. Drafting rate per host class: a lab with one Pi 5 and one Jetson Orin Nano under their
-   class limits (CPU quota = pi5-cores x relative speed, memory = the class's RAM); the tiny
-   draft model drafts greedily with llama.cpp on both hosts over SSH at the same time.
-   Prints each class's quota, tokens/s, CPU share and the Jetson / Pi 5 ratio against the
-   class table's relative speed.
+1. Drafting rate per host class: a lab with one Pi 5 and one Jetson Orin Nano, each pacing
+   the tiny draft model's forwards to the modelled time of `--draft-as` on its class's
+   hardware (`agents.emulation`); both draft greedily with llama.cpp over SSH at the same
+   time. Prints each class's tokens/s beside the catalogue's decode rate, the forwards behind
+   their modelled time, and the Jetson / Pi 5 ratio against the catalogue's.
 2. Switch-over time of the backup path: a lab with one device, its primary link cut `--cuts`
    times (a bridge-side nftables drop) while a 200 Hz UDP flow runs; prints the time from the
    cut to the first datagram over the backup path, and from the heal to the first over the
@@ -26,13 +26,12 @@ import typer
 
 from testbed.hosts.control import HostControl
 from testbed.lab.backup import build_backup, read_failovers, start_monitor
-from testbed.lab.drafting_rate import measure_class_rates
+from testbed.lab.drafting_rate import measure_drafting_rate
 from testbed.lab.emulated import EmulatedLab
 from testbed.lab.failover import socket_in
 from testbed.lab.spec import LabSpec
 from testbed.models.tiny import ensure_tiny_pair
 from testbed.netem.profile import LinkProfile
-from testbed.topo.hosts import HOST_CLASSES
 from testbed.topo.model import TopoHost, TopoLink, Topology
 
 SUBNET = os.environ.get("TESTBED_BENCH_SUBNET", "10.85.20.0/24")
@@ -52,36 +51,58 @@ def mixed(classes: list[str]) -> Topology:
     return Topology(name="bench", hosts=hosts, links=links)
 
 
-def drafting(pi5_cores: float, tokens: int) -> None:
+def drafting(draft_as: str, tokens: int) -> None:
+    """Paced drafting rate of a Pi 5 and a Jetson Orin Nano, side by side (module docstring)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from agents.emulation.stepcost import decode_seconds
+    from testbed.config.playbook import Playbook
+    from testbed.runner.emulation import ConditionTime, hardware_of, host_emulation
+    from testbed.topo.catalogue import load_catalogue
+
     model = ensure_tiny_pair().draft_gguf
-    spec = LabSpec.build(
-        name="hbench",
-        topology=mixed(["pi5", "jetson-orin-nano"]),
-        subnet=SUBNET,
-        pi5_cores=pi5_cores,
-    )
+    spec = LabSpec.build(name="hbench", topology=mixed(["pi5", "jetson-orin-nano"]), subnet=SUBNET)
+    pb = Playbook(name="bench", mode="device-only", models={"draft_as": draft_as})
+    cat = load_catalogue()
+    shape = cat.model(draft_as, "--draft-as")
     with EmulatedLab.running(spec) as lab, HostControl(lab.inventory()) as hc:
-        limits = {a.host_class: a for a in lab.state.limits}
-        pairs = [(h.name, h.host_class) for h in lab.devices]
-        rates = measure_class_rates(hc, pairs, model, tokens=tokens, seconds=3.0, threads=1)
-    print(
-        f"drafting rate, tiny draft model, llama.cpp 1 thread, rounds of {tokens} tokens, "
-        "3 s, both classes at once"
-    )
-    print(f"{'class':<18}{'cgroup':>8}{'quota cores':>13}{'tok/s':>9}{'cpu share':>11}")
-    for cls, r in rates.items():
-        assert r is not None
-        a = limits[cls]
-        print(
-            f"{cls:<18}{'v' + str(a.cgroup_version):>8}{a.cpu_cores:>13.3f}"
-            f"{r.tokens_per_s:>9.1f}{r.cpu_share:>11.3f}"
+        when = ConditionTime.starting_now(1.0)
+        devices = lab.inventory().devices
+        with tempfile.TemporaryDirectory() as tmp:
+            for h in devices:
+                local = Path(tmp) / f"{h.name}.json"
+                local.write_text(json.dumps(host_emulation(h, pb, True, when)))
+                hc.run(h, f"mkdir -p {h.workdir}")
+                hc.put(h, local, f"{h.workdir}/emulation.json")
+        rates = hc.parallel(
+            lambda h: measure_drafting_rate(
+                hc, h.name, model, f"{h.workdir}/emulation.json", tokens=tokens, seconds=3.0
+            ),
+            devices,
+            what="drafting-rate probe",
         )
-    pi, jet = rates["pi5"], rates["jetson-orin-nano"]
-    assert pi is not None and jet is not None
-    want = HOST_CLASSES["jetson-orin-nano"].relative_speed / HOST_CLASSES["pi5"].relative_speed
+        classes = {h.name: h.host_class for h in devices}
     print(
-        f"jetson / pi5 drafting rate: {jet.tokens_per_s / pi.tokens_per_s:.2f} "
-        f"(class table: {want:.2f})"
+        f"drafting rate, tiny draft paced as {draft_as}, llama.cpp 1 thread, rounds of "
+        f"{tokens} tokens, 3 s, both classes at once"
+    )
+    print(f"{'class':<18}{'hardware':<20}{'tok/s':>9}{'model tok/s':>13}{'behind':>9}")
+    measured: dict[str, float] = {}
+    modelled: dict[str, float] = {}
+    for host, r in rates.items():
+        assert r is not None
+        cls = str(classes[host])
+        hw = cat.hardware(str(hardware_of(cls, host)), host)
+        modelled[cls] = 1 / decode_seconds(hw, shape, 1, tokens // 2)
+        measured[cls] = r.tokens_per_s
+        behind = f"{r.pacing['behind']}/{r.pacing['forwards']}" if r.pacing else "-"
+        print(f"{cls:<18}{hw.name:<20}{r.tokens_per_s:>9.1f}{modelled[cls]:>13.1f}{behind:>9}")
+    pi, jet = "pi5", "jetson-orin-nano"
+    print(
+        f"jetson / pi5 drafting rate: {measured[jet] / measured[pi]:.2f} "
+        f"(catalogue: {modelled[jet] / modelled[pi]:.2f})"
     )
 
 
@@ -166,10 +187,12 @@ def switchover(cuts: int) -> None:
 
 
 def cli(
-    pi5_cores: float = typer.Option(0.25, help="an emulated Pi 5's CPU quota, in cores"),
+    draft_as: str = typer.Option(
+        "llama-3.2-1b@q4_0", help="the catalogue model the tiny draft stands for"
+    ),
     tokens: int = typer.Option(64, help="drafted tokens per round"),
     cuts: int = typer.Option(5, help="times the primary link is cut"),
 ) -> None:
-    """Host-class drafting rates (Pi 5 vs Jetson limits) and backup-path switch-over times."""
-    drafting(pi5_cores, tokens)
+    """Host-class drafting rates (Pi 5 vs Jetson, paced) and backup-path switch-over times."""
+    drafting(draft_as, tokens)
     switchover(cuts)

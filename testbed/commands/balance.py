@@ -79,11 +79,22 @@ def profile(
     repeats: int = typer.Option(15, help="timing rounds (each times every point once; median)"),
     threads: int = typer.Option(1, help="CPU threads"),
     device: str = typer.Option("cpu", help="torch device: cpu or cuda"),
+    emulation: Path | None = typer.Option(
+        None,
+        help="an agent's emulation JSON (testbed.runner.emulation): time the engines paced to "
+        "the hardware and models it names, in its dilated time",
+    ),
 ) -> None:
     """Measure the BALANCE cost model on this host with the tiny pair and store it as JSON."""
+    from agents.emulation.settings import EmulationError, load_emulation
     from testbed.balance.profile import measure_cost_model
     from testbed.models.tiny import ensure_tiny_pair
 
+    try:
+        emulated = load_emulation(emulation)
+    except EmulationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--emulation") from None
+    emulated.start()
     pair = ensure_tiny_pair()
     cost = measure_cost_model(
         pair.draft_hf,
@@ -93,6 +104,7 @@ def profile(
         repeats=repeats,
         threads=threads,
         device=device,
+        wrap=emulated.engine,
     )
     cost.save(out)
     for name, model in (("target", cost.target), ("draft", cost.draft)):

@@ -103,13 +103,59 @@ def gpu(
     main(pair or ensure_tiny_pair().root, json_out)
 
 
+@app.command("hardware")
+def hardware(
+    json_out: Path | None = typer.Option(None, "--json", help="also write the figures here"),
+    fit: bool = typer.Option(False, "--fit", help="refit every entry; print values and YAML"),
+    write: bool = typer.Option(False, "--write", help="with --fit: rewrite the catalogue"),
+    catalogue: Path | None = typer.Option(
+        None, "--catalogue", help="catalogue file (default: topologies/hardware.yaml)"
+    ),
+    live: bool = typer.Option(True, "--live/--no-live", help="measure this CPU's points live"),
+) -> None:
+    """The cost model against every calibration point of the hardware catalogue: published
+    vs predicted step times, error, a plain roofline; this CPU measured live; the pacing's
+    own error on this machine."""
+    from rich.console import Console
+
+    from testbed.bench.hardware import run
+    from testbed.bench.pacing import run_pacing
+    from testbed.errors import ExitCode, TestbedError
+    from testbed.topo.catalogue import DEFAULT_PATH
+
+    if write and not fit:
+        typer.echo("--write: only with --fit (it writes the refitted values)", err=True)
+        raise typer.Exit(ExitCode.BAD_INPUT)
+    try:
+        with Console(stderr=True).status("bench hardware") as status:
+            run(
+                catalogue or DEFAULT_PATH,
+                echo=typer.echo,
+                progress=lambda msg: status.update(msg),
+                refit=fit,
+                write=write,
+                live=live,
+                json_out=json_out,
+            )
+            if not fit:
+                pacing = run_pacing(typer.echo, lambda msg: status.update(msg))
+                if json_out:
+                    figures = json.loads(json_out.read_text())
+                    json_out.write_text(json.dumps({**figures, "pacing": pacing}, indent=1))
+    except TestbedError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
 from testbed.commands.calibrate import link as _link  # noqa: E402
 
 app.command("link")(_link)
+from testbed.bench.dilation import cli as _dilation  # noqa: E402
 from testbed.bench.drafting import cli as _drafting  # noqa: E402
 from testbed.bench.lab_paths import cli as _lab_paths  # noqa: E402
 from testbed.bench.sled_loss import cli as _sled_loss  # noqa: E402
 
 app.command("sled-loss")(_sled_loss)
+app.command("dilation")(_dilation)
 app.command("drafting")(_drafting)
 app.command("lab-paths")(_lab_paths)

@@ -3,6 +3,7 @@ R verified tokens/s, by bisection over real runs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -35,3 +36,6 @@ def capacity(
         shown = "-" if figure is None else f"{figure:.2f}"
         typer.echo(f"{n:>8} {shown:>30}{'  keeps' if result.keeps(n) else ''}")
     typer.echo(f"capacity at {rate} tok/s: {result.capacity} devices ({folder}/capacity.json)")
+    paper = json.loads((folder / "capacity.json").read_text()).get("paper")
+    if paper:
+        typer.echo(f"paper: {paper['label']}: {paper['value']:g} devices ({paper['source']})")

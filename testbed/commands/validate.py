@@ -19,7 +19,8 @@ def validate(
     ),
 ) -> None:
     """Validate the playbook and resolve every condition of its sweep; print what would run."""
-    from testbed.config.playbook import expand, load_playbook
+    from testbed.config.playbook import expand, lab_playbook, load_playbook
+    from testbed.runner.run import check_conditions, run_topology
 
     try:
         pb = load_playbook(playbook)
@@ -30,6 +31,8 @@ def validate(
                 pass
         else:
             sweep.check_values()
+        # the models each host stands for: in the catalogue and within its memory
+        check_conditions(sweep, run_topology(lab_playbook(pb), str(playbook)), str(playbook))
     except TestbedError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(exc.exit_code) from None

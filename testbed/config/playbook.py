@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 # a new lab or new models per condition, so a sweep naming them is refused. The one exception
 # is `lab.devices`: the lab comes up with the largest count swept and each condition runs its
 # agents on the first `lab.devices` devices.
-RUN_WIDE_KEYS = ("name", "sweep", "topology", "lab", "models.draft", "models.target")
-SWEEPABLE_LAB_KEYS = ("lab.devices",)
+RUN_WIDE_KEYS = ("name", "sweep", "topology", "lab", "models.draft", "models.target", "paper")
+SWEEPABLE_LAB_KEYS = ("lab.devices", "lab.time_dilation")
 
 
 Mode = Literal["sled", "centralized", "balance", "device-only", "server-ad", "server-sd"]
@@ -42,6 +42,11 @@ class Strict(BaseModel):
     """Base: unknown keys are errors (a typo must not be silently ignored)."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+MAX_DILATION = 1000.0
+TINY_DRAFT_AS = "tiny-draft@f32"
+TINY_TARGET_AS = "tiny-target@f32"
 
 
 class LabSection(Strict):
@@ -54,12 +59,21 @@ class LabSection(Strict):
     inventory: str | None = Field(
         None, description="Ansible YAML inventory of the hosts (lab.kind inventory)"
     )
-    pi5_cores: float | None = Field(
-        None,
-        gt=0,
-        description="host-class limits on emulated labs: an emulated Pi 5's CPU quota in cores "
-        "of this machine, other classes scaled by their relative speed; unset: no limits",
+
+    time_dilation: float | Literal["auto"] = Field(
+        1.0,
+        description="every time the lab imposes (link delays, rates, schedules, timeouts, "
+        "arrivals, deadlines, pacing) runs this many times slower, and every figure is "
+        "reported in emulated time; auto: the smallest N at which a short pilot of each "
+        "condition has no forward behind its modelled time",
     )
+
+    @field_validator("time_dilation")
+    @classmethod
+    def _dilation_positive(cls, v: float | str) -> float | str:
+        if v != "auto" and not (isinstance(v, int | float) and 0 < v <= MAX_DILATION):
+            raise ValueError(f"expected a positive number up to {MAX_DILATION}, or auto")
+        return v
 
     @model_validator(mode="after")
     def _inventory_given(self) -> LabSection:
@@ -72,6 +86,15 @@ class ModelsSection(Strict):
     draft: str = Field("tiny", description="'tiny' or a path to the draft .gguf")
     target: str = Field("tiny", description="'tiny' or a path to the target HF folder")
     server_device: str = Field("cpu", description="torch device of the verifier (cpu, cuda)")
+    draft_as: str = Field(
+        TINY_DRAFT_AS,
+        description="the catalogue model (model@format, topologies/hardware.yaml) the draft "
+        "stands for: emulated hosts pace its forwards to that model on their hardware",
+    )
+    target_as: str = Field(
+        TINY_TARGET_AS,
+        description="the catalogue model the target stands for (model@format)",
+    )
 
 
 class ArrivalSection(Strict):
@@ -199,6 +222,26 @@ class BalanceSection(Strict):
         return self
 
 
+class PaperFigure(Strict):
+    """One published figure the run reproduces: a metric of the conditions whose swept values
+    match `where`, beside the paper's `value`, with the reason for a gap (`why`)."""
+
+    label: str = Field(description="what the figure is, e.g. 'SLED, 70B target'")
+    metric: str = Field(description="a column of the conditions table, e.g. system_verified_tok_s")
+    value: float = Field(description="the paper's figure")
+    where: dict[str, Any] = Field(
+        default_factory=dict, description="swept values a condition must have to count"
+    )
+    why: str = Field("", description="why ours differs by more than 20 %, from a measurement")
+
+
+class PaperSection(Strict):
+    """The published figures a playbook reproduces (shown beside ours in report and dashboard)."""
+
+    source: str = Field(description="the paper and where in it the figures are")
+    figures: list[PaperFigure] = Field(default_factory=list)
+
+
 RTT_TOLERANCE_MS = 1.0  # the link guard's default where kernel stamps time the probe's echoes
 USER_SPACE_RTT_TOLERANCE_MS = 2.0  # where it timed most in user space (adds 0.2-1 ms)
 
@@ -256,6 +299,9 @@ class Playbook(Strict):
     balance: BalanceSection = BalanceSection()
     costs: str | None = Field(
         None, description="cost table YAML (`testbed costs --file`) over the default per-class one"
+    )
+    paper: PaperSection | None = Field(
+        None, description="published figures this playbook reproduces, shown beside ours"
     )
     condition_timeout_s: float = Field(300.0, gt=0)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)

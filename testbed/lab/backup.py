@@ -48,6 +48,7 @@ BACKUP_IFACE = "eth1"
 MONITOR_PORT = 9877
 PLAN_FILE = "backup-plan.json"
 FAILOVER_LOG = "failovers.jsonl"
+DILATION_FILE = "monitor-dilation"  # the time dilation the link monitor runs at, per condition
 
 
 def backup_port(host: str) -> str:
@@ -306,7 +307,7 @@ def start_monitor(lab: LinkSite, plan: BackupPlan, python: str = sys.executable)
     plan_file, log = run_dir / PLAN_FILE, failover_log(lab)
     lab.runner.write_file(plan_file, plan.model_dump_json(indent=2))
     argv = [python, "-m", "testbed.lab.failover", "--plan", str(plan_file), "--log", str(log)]
-    argv += [TAG_FLAG, monitor_tag(plan.lab)]
+    argv += [TAG_FLAG, monitor_tag(plan.lab), "--dilation-file", str(run_dir / DILATION_FILE)]
     proc = lab.runner.spawn(argv, stdout=subprocess.PIPE, stderr_path=run_dir / "failover.err")
     if proc is None:
         return log
@@ -318,6 +319,11 @@ def start_monitor(lab: LinkSite, plan: BackupPlan, python: str = sys.executable)
         err = (run_dir / "failover.err").read_text()[-2000:]
         raise LabError(f"lab {plan.lab}: the failover monitor did not start: {line!r} {err}")
     return log
+
+
+def set_monitor_dilation(lab: LinkSite, dilation: float) -> None:
+    """Tell the lab's link monitor the time dilation of the condition about to run."""
+    lab.runner.write_file(lab.runtime_dir / DILATION_FILE, f"{dilation:g}\n")
 
 
 def load_plan(lab: LinkSite) -> BackupPlan | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from testbed.errors import LabError
 from testbed.lab import naming, owner
 from testbed.lab.discover import kill_pids, list_netns, netns_pids, root_links, tagged_processes
-from testbed.lab.limits import HostLimiter
 from testbed.lab.spec import default_state_dir
 from testbed.lab.state import STATE_FILE
 from testbed.lab.system import SystemRunner
@@ -70,8 +69,7 @@ def clean_all(
         names |= {naming.lab_of_netns(n) for n in list_netns(runner)} - {None}  # type: ignore[arg-type]
         names |= {naming.lab_of_netns(n) for n in root_links(runner)} - {None}  # type: ignore[arg-type]
     removed = remove_lab_objects(lab, runner)
-    for name in sorted(names):  # host-class cgroups (found even without a state file)
-        removed += HostLimiter(name, default_state_dir(name), runner).remove()
+    for name in sorted(names):
         if not runner.dry_run:
             owner.release(name)
     if remove_state:

@@ -28,7 +28,6 @@ from testbed.lab import naming, owner, sshd
 from testbed.lab.backup import build_backup, start_monitor
 from testbed.lab.clean import clean_all, remove_lab_objects, verify_gone
 from testbed.lab.discover import list_netns, pid_alive, root_links
-from testbed.lab.limits import HostLimiter, confine_hosts
 from testbed.lab.spec import LabHost, LabSpec
 from testbed.lab.state import LabState
 from testbed.lab.system import SystemRunner, require_root
@@ -74,6 +73,8 @@ class EmulatedLab:
     """
 
     kind: ClassVar[str] = "namespaces"
+    # its hosts stand for the hardware of their class: engine calls are paced to it
+    emulated: ClassVar[bool] = True
 
     def __init__(self, state: LabState, runner: SystemRunner | None = None) -> None:
         self.state = state
@@ -138,11 +139,6 @@ class EmulatedLab:
                 )
             if not runner.dry_run:
                 sshd.wait_listening([(h.ip, spec.ssh_port) for h in state.hosts])
-            if spec.pi5_cores is not None:
-                say("host-class limits")
-                limiter = HostLimiter(spec.name, state_dir, runner)
-                pid_files = state.sshd_pid_files
-                state.limits = confine_hosts(limiter, state.hosts, pid_files, spec.pi5_cores)
             if spec.topology.has_backup:
                 say("backup path")
                 start_monitor(lab, build_backup(lab))
@@ -190,7 +186,6 @@ class EmulatedLab:
 
     def _remove(self, keep_files: bool) -> list[str]:
         removed = remove_lab_objects(self.name, self.runner)
-        removed += HostLimiter(self.name, self.state_dir, self.runner).remove()
         verify_gone(self.name, self.runner)
         if not self.runner.dry_run:
             owner.release(self.name)
@@ -310,7 +305,6 @@ class EmulatedLab:
             "topology": self.topology.name,
             "devices": len(self.devices),
             "classes": self.topology.class_counts(),
-            "limits": [a.model_dump() for a in self.state.limits],
             "up_seconds": self.state.up_seconds,
         }
 

@@ -71,8 +71,8 @@ class PrimaryPath:
     srtt: float | None = None
     rttvar: float = 0.0
 
-    def rto(self, plan: BackupPlan) -> float:
-        floor = plan.min_rto_ms / 1000
+    def rto(self, plan: BackupPlan, dilation: float = 1.0) -> float:
+        floor = plan.min_rto_ms / 1000 * dilation
         return floor if self.srtt is None else max(floor, self.srtt + 4 * self.rttvar)
 
     def echo(self, seq: int, now: float) -> None:
@@ -93,9 +93,9 @@ class PrimaryPath:
             self.answered += 1
         self.newest_answered = max(self.newest_answered, seq)
 
-    def expire(self, plan: BackupPlan, now: float) -> None:
-        """Count the probes that went past the RTO unanswered."""
-        rto = self.rto(plan)
+    def expire(self, plan: BackupPlan, now: float, dilation: float = 1.0) -> None:
+        """Count the probes that went past the RTO unanswered (times `dilation` slower)."""
+        rto = self.rto(plan, dilation)
         for seq, sent in list(self.pending.items()):
             if now - sent > rto:
                 self.lost[seq] = self.pending.pop(seq)
@@ -104,7 +104,7 @@ class PrimaryPath:
                     self.answered = 0
                 self.newest_lost = max(self.newest_lost, seq)
         for seq, sent in list(self.lost.items()):
-            if now - sent > LATE_S:
+            if now - sent > LATE_S * dilation:
                 del self.lost[seq]
 
     def decision(self, plan: BackupPlan) -> str | None:
@@ -134,11 +134,22 @@ def _drain(sock: socket.socket) -> list[tuple[bytes, tuple[str, int]]]:
     return got
 
 
-def monitor(plan: BackupPlan, log: Path) -> None:
+def read_dilation(path: Path | None) -> float:
+    """The lab's current time dilation, as the runner wrote it (1 without a valid file)."""
+    try:
+        value = float(path.read_text()) if path is not None else 1.0
+    except (OSError, ValueError):
+        return 1.0
+    return value if value > 0 else 1.0
+
+
+def monitor(plan: BackupPlan, log: Path, dilation_file: Path | None = None) -> None:
     """Probe every device's primary path and move its route on loss and recovery (forever).
 
     Probes go out, and paths are judged, once per `interval_ms`; in between the process sleeps
-    in epoll and answers or records echoes as they come.
+    in epoll and answers or records echoes as they come. The probe period, the RTO floor and
+    how long a late echo counts are slowed by the time dilation in `dilation_file` (read at
+    every probe), so the monitor judges a dilated link as the undilated one.
     """
     server_ip = plan.server.primary_ip
     echo = socket_in(plan.server.netns)
@@ -156,15 +167,16 @@ def monitor(plan: BackupPlan, log: Path) -> None:
         sel.register(s, selectors.EVENT_READ, path)
         paths.append(path)
     print("ready", flush=True)
-    interval, seq = plan.interval_ms / 1000, 0
+    seq = 0
     next_probe = time.monotonic()
     with log.open("a") as out:
         while True:
             now = time.monotonic()
             if now >= next_probe:
                 seq += 1
+                dilation = read_dilation(dilation_file)
                 for p in paths:
-                    p.expire(plan, now)
+                    p.expire(plan, now, dilation)
                     to = p.decision(plan)
                     if to is not None:
                         out.write(switch(p, server_ip, to).model_dump_json() + "\n")
@@ -172,7 +184,7 @@ def monitor(plan: BackupPlan, log: Path) -> None:
                     p.pending[seq] = now
                     with contextlib.suppress(OSError):
                         p.sock.sendto(PROBE.pack(seq, now), (server_ip, plan.port))
-                next_probe += interval
+                next_probe += plan.interval_ms / 1000 * dilation
             for key, _ in sel.select(max(0.0, next_probe - time.monotonic())):
                 now = time.monotonic()
                 for data, addr in _drain(key.fileobj):  # type: ignore[arg-type]
@@ -202,10 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", type=Path, required=True, help="the lab's backup plan (JSON)")
     ap.add_argument("--log", type=Path, required=True, help="failover log (JSON lines)")
     ap.add_argument("--tag", help="process tag (lets `testbed lab clean` find it)")
+    ap.add_argument("--dilation-file", type=Path, help="the lab's time dilation (runner-written)")
     args = ap.parse_args(argv)
     plan = BackupPlan.model_validate_json(args.plan.read_text())
     with contextlib.suppress(KeyboardInterrupt):
-        monitor(plan, args.log)
+        monitor(plan, args.log, args.dilation_file)
     return 0
 
 

@@ -71,6 +71,9 @@ class Lab(LinkSite, Protocol):
     """A lab of some kind: brought up from a `LabSpec`, reached through its inventory."""
 
     kind: ClassVar[str]
+    emulated: ClassVar[bool]
+    """True where hosts stand for other hardware (their engine calls are paced to it); False
+    on real hardware (the model's time is only predicted beside each measured step)."""
 
     @classmethod
     def up(

@@ -108,6 +108,8 @@ class InventoryLab:
     """A physical lab (kind `inventory`); see the module docstring."""
 
     kind: ClassVar[str] = "inventory"
+    # real hardware: engine calls run at its own speed, the model's time noted beside
+    emulated: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -45,12 +45,6 @@ class LabSpec(BaseModel):
     user: str = "root"
     python: str = Field(default_factory=lambda: sys.executable)
     ssh_port: int = Field(22, ge=1, le=65535)
-    pi5_cores: float | None = Field(
-        None,
-        gt=0,
-        description="host-class limits (namespace labs): an emulated Pi 5's CPU quota in cores, "
-        "other classes scaled by relative speed (see testbed.lab.limits); None: no limits",
-    )
 
     @field_validator("name")
     @classmethod

@@ -9,7 +9,6 @@ from typing import Literal
 from pydantic import BaseModel, ValidationError
 
 from testbed.errors import LabError
-from testbed.lab.limits import AppliedLimits
 from testbed.lab.spec import LabHost, LabSpec
 from testbed.results.atomic import atomic_write_text
 
@@ -33,7 +32,6 @@ class LabState(BaseModel):
     inventory: Path
     created_at: float = 0.0
     up_seconds: float | None = None
-    limits: list[AppliedLimits] = []
 
     @property
     def path(self) -> Path:

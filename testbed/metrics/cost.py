@@ -29,7 +29,12 @@ class HostCost(BaseModel):
 DEFAULT_CLASSES: dict[str, HostCost] = {
     "pi5": HostCost(price_per_hour=80 / HOURS_3_YEARS, power_w=8),
     "jetson-orin-nano": HostCost(price_per_hour=500 / HOURS_3_YEARS, power_w=15),
+    "jetson-orin-nano-super": HostCost(price_per_hour=250 / HOURS_3_YEARS, power_w=25),
     "a100": HostCost(price_per_hour=15000 / HOURS_3_YEARS, power_w=400),
+    "a100x2": HostCost(price_per_hour=2 * 15000 / HOURS_3_YEARS, power_w=2 * 400),
+    "a100x4": HostCost(price_per_hour=4 * 15000 / HOURS_3_YEARS, power_w=4 * 400),
+    "l4": HostCost(price_per_hour=2500 / HOURS_3_YEARS, power_w=72),
+    "h200": HostCost(price_per_hour=30000 / HOURS_3_YEARS, power_w=700),
     "cpu-server": HostCost(price_per_hour=3000 / HOURS_3_YEARS, power_w=150),
 }
 
@@ -55,14 +60,14 @@ def read_cost_file(path: Path) -> CostTable:
     """The file as written (classes it does not name are absent); every class must be a host
     class (`testbed.topo.hosts`), else a BadInputError naming the file and key."""
     from testbed.config.loading import load_model
-    from testbed.topo.hosts import HOST_CLASSES
+    from testbed.topo.hosts import host_classes
 
     given = load_model(CostTable, path)
     if "classes" not in given.model_fields_set:
         given = given.model_copy(update={"classes": {}})
     for name in given.classes:
-        if name not in HOST_CLASSES:
-            known = ", ".join(HOST_CLASSES)
+        if name not in host_classes():
+            known = ", ".join(host_classes())
             raise BadInputError(f"{path}: classes.{name}: not a host class (known: {known})")
     return given
 

@@ -52,6 +52,7 @@ class RoundRecord:
     rtt_ms: float | None = None
     waited_ms: float = 0.0
     draft_ms: float = 0.0
+    draft_modelled_ms: float | None = None  # the emulated hardware's time for those drafts
     batch: int | None = None
     server_queue_ms: float | None = None
     server_compute_ms: float | None = None
@@ -168,6 +169,30 @@ class BatchRecord:
     batch: int
     tokens: int
     compute_ms: float
+    modelled_ms: float | None = None  # the emulated hardware's time for this forward
+
+
+@dataclass(frozen=True)
+class PacingRecord:
+    """One engine of one host in a condition, paced to (or, on real hardware, predicted as) a
+    model on the hardware its host stands for (`agents.emulation.pacing`). Times are in
+    emulated seconds but the pacing error, which is real milliseconds (call - budget)."""
+
+    table: ClassVar[str] = "pacing"
+    condition: str
+    dev: str  # the host
+    role: str  # the engine: draft or target
+    hardware: str
+    model: str
+    paced: bool  # False: real hardware, the model's time only predicted
+    forwards: int
+    behind: int  # forwards whose real computation took longer than their modelled time
+    modelled_s: float
+    computed_s: float
+    error_ms_p50: float | None = None
+    error_ms_p99: float | None = None
+    computed_share_p50: float | None = None  # real computation / modelled time, per forward
+    computed_share_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +226,7 @@ RECORDS: tuple[type, ...] = (
     LinkChangeRecord,
     VerificationRecord,
     BatchRecord,
+    PacingRecord,
 )
 
 

@@ -27,6 +27,7 @@ from testbed.metrics.cost import CostTable
 from testbed.metrics.slo import Slo
 
 PERCENTILES = (50, 90, 99)
+MAX_BEHIND_SHARE = 0.01  # a condition with more forwards behind its model is unfaithful
 UNVERIFIED_ROUNDS = ("fallback", "local")  # round modes whose drafts no target checked
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 
@@ -149,6 +150,8 @@ class ConditionStats:
     hosts: int = 0  # hosts in the hosts table (devices and server)
     measured_hosts: int = 0  # hosts that reported measured power (agents.power)
     energy_j: float | None = None  # measured energy summed over those hosts
+    paced_forwards: int = 0  # forwards paced to the emulated hardware (pacing table)
+    behind_forwards: int = 0  # of those, forwards whose real computation overran the model
 
     # -- throughput -------------------------------------------------------------------------
     def _rate(self, tokens: int) -> float | None:
@@ -327,6 +330,19 @@ class ConditionStats:
             return "measured"
         return f"measured on {self.measured_hosts} of {self.hosts} hosts"
 
+    # -- compute emulation ------------------------------------------------------------------
+    @property
+    def behind_share(self) -> float | None:
+        """behind_forwards / paced_forwards: forwards slower than the hardware they stand for"""
+        return self.behind_forwards / self.paced_forwards if self.paced_forwards else None
+
+    @property
+    def compute_faithful(self) -> bool | None:
+        """behind_share <= MAX_BEHIND_SHARE (1 %): the hosts computed as fast as the hardware
+        they stand for; None where nothing was paced (real hardware)"""
+        share = self.behind_share
+        return None if share is None else share <= MAX_BEHIND_SHARE
+
     # -- outputs ----------------------------------------------------------------------------
     def as_row(self) -> dict[str, Any]:
         """Flat figures for the conditions table (one column each)."""
@@ -346,6 +362,8 @@ class ConditionStats:
             "hosts": self.hosts,
             "measured_hosts": self.measured_hosts,
             "energy_j": self.energy_j,
+            "paced_forwards": self.paced_forwards,
+            "behind_forwards": self.behind_forwards,
         }
         for name in DERIVED:
             row[name] = getattr(self, name)
@@ -367,9 +385,11 @@ class ConditionStats:
         hosts: pd.DataFrame | None = None,
         slo: Slo | None = None,
         costs: CostTable | None = None,
+        pacing: pd.DataFrame | None = None,
     ) -> ConditionStats:
-        """Gather the counts from a condition's rounds, requests and hosts tables."""
+        """Gather the counts from a condition's rounds, requests, hosts and pacing tables."""
         s = cls()
+        s.paced_forwards, s.behind_forwards = pacing_counts(pacing)
         if requests.empty:
             return s
         s.requests = len(requests)
@@ -425,6 +445,22 @@ class ConditionStats:
         s.cost_usd = host_cost(hosts, costs or CostTable())
         s.hosts, s.measured_hosts, s.energy_j = measured_energy(hosts)
         return s
+
+
+def pacing_counts(pacing: pd.DataFrame | None) -> tuple[int, int]:
+    """(forwards, behind forwards) of the paced engines in a condition's pacing table."""
+    if pacing is None or pacing.empty:
+        return 0, 0
+    rows = pacing[pacing["paced"].astype(bool)]
+    return int(rows["forwards"].sum()), int(rows["behind"].sum())
+
+
+def pacing_figures(pacing: pd.DataFrame | None) -> dict[str, Any]:
+    """A condition's compute-emulation figures alone (modes without device records)."""
+    paced, behind = pacing_counts(pacing)
+    s = ConditionStats(paced_forwards=paced, behind_forwards=behind)
+    return {"paced_forwards": paced, "behind_forwards": behind,
+            "behind_share": s.behind_share, "compute_faithful": s.compute_faithful}  # fmt: skip
 
 
 def host_cost(hosts: pd.DataFrame | None, costs: CostTable) -> float | None:

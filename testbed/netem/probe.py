@@ -80,6 +80,32 @@ class ProbeResult(BaseModel):
         """Whether most echoes were timed in user space (so the median RTT includes wake-ups)."""
         return self.rx_user_space is not None and 2 * self.rx_user_space > self.received_back
 
+    def in_emulated_time(self, dilation: float, requested: LinkProfile | None) -> ProbeResult:
+        """The same measurement in emulated time (lab.time_dilation): every time divided by
+        `dilation`, against `requested`, the profile before it was dilated."""
+        if dilation == 1:
+            return self
+        scale = 1 / dilation
+        rtt = None
+        if self.rtt_ms is not None:
+            rtt = self.rtt_ms.model_copy(
+                update={
+                    k: getattr(self.rtt_ms, k) * scale for k in ("mean", "p50", "p99", "min", "max")
+                }
+            )
+        return self.model_copy(
+            update={
+                "requested": requested,
+                "rtt_ms": rtt,
+                "rtt_error_ms": None
+                if self.rtt_error_ms is None
+                else {k: v * scale for k, v in self.rtt_error_ms.items()},
+                "rx_wake_ms_p50": None
+                if self.rx_wake_ms_p50 is None
+                else self.rx_wake_ms_p50 * scale,
+            }
+        )
+
     @property
     def ok(self) -> bool:
         """Loss inside the binomial interval in every direction (True when nothing requested)."""

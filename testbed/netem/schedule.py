@@ -40,3 +40,35 @@ def timeline(profile: LinkProfile) -> list[Phase]:
 def duration_s(profile: LinkProfile) -> float:
     """When the last change happens (0 for a static profile)."""
     return timeline(profile)[-1].at_s
+
+
+def dilate(profile: LinkProfile, factor: float) -> LinkProfile:
+    """`profile` slowed down `factor` times (time dilation): delays, jitter and the times of
+    its schedule or trace steps times `factor`, its rate divided by it; loss is unchanged. A
+    trace becomes the schedule of its rows, so the holder steps through the dilated times."""
+    if factor == 1:
+        return profile
+    steps = load_trace(profile.trace) if profile.trace is not None else profile.schedule
+
+    def scaled(value: float | None) -> float | None:
+        return None if value is None else value * factor
+
+    schedule = tuple(
+        s.model_copy(
+            update={
+                "at_s": s.at_s * factor,
+                "rtt_ms": scaled(s.rtt_ms),
+                "jitter_ms": scaled(s.jitter_ms),
+            }
+        )  # fmt: skip
+        for s in steps
+    )
+    return profile.model_copy(
+        update={
+            "rtt_ms": profile.rtt_ms * factor,
+            "jitter_ms": profile.jitter_ms * factor,
+            "rate_mbit": None if profile.rate_mbit is None else profile.rate_mbit / factor,
+            "schedule": schedule,
+            "trace": None,
+        }
+    )

@@ -16,7 +16,7 @@ from testbed.report.compare import Tolerances, Verdict, compare_runs
 from testbed.report.data import RunData
 from testbed.report.figures import all_figures
 from testbed.report.summary import headline_cells
-from testbed.results.report import SUMMARY_NOTES
+from testbed.results.report import SUMMARY_NOTES, paper_rows, unfaithful
 
 RUN_PAGE = "dashboard.html"
 INDEX_PAGE = "index.html"
@@ -60,15 +60,20 @@ def _figure(chart: Chart) -> str:
     )
 
 
-def headline_table(rows: pd.DataFrame) -> str:
-    """The per-condition headline figures as an HTML table (the columns of report.md)."""
-    headers, cells = headline_cells(rows)
+def html_table(headers: list[str], cells: list[list[str]], table_id: str) -> str:
+    """Headers and cells as an HTML table."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells
     )
+    return f"<table id='{table_id}'><tr>{head}</tr>{body}</table>"
+
+
+def headline_table(rows: pd.DataFrame) -> str:
+    """The per-condition headline figures as an HTML table (the columns of report.md)."""
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in SUMMARY_NOTES.values())
-    return f"<table id='conditions'><tr>{head}</tr>{body}</table><ul class='note'>{notes}</ul>"
+    table = html_table(*headline_cells(rows), table_id="conditions")
+    return f"{table}<ul class='note'>{notes}</ul>"
 
 
 def run_page(run: RunData) -> str:
@@ -93,6 +98,14 @@ def run_page(run: RunData) -> str:
         f"{html.escape(str(r['reason']).splitlines()[0] if r['reason'] else '')}</p>"
         for r in failed.to_dict("records")
     ]
+    parts += [f"<p class='bad unfaithful'>{html.escape(line)}</p>" for line in unfaithful(df)]
+    paper = (m.get("playbook") or {}).get("paper")
+    if paper:
+        parts += [
+            "<h2>Against the paper</h2>",
+            f"<p>{html.escape(str(paper.get('source', '')))}</p>",
+            html_table(*paper_rows(df, paper), table_id="paper"),
+        ]
     parts += ["<h2>Figures</h2>", "<div class='charts'>", *map(_figure, charts), "</div>"]
     if skipped:
         parts.append("<h2>Figures left out</h2><ul id='skipped'>")

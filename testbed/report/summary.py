@@ -8,7 +8,13 @@ import pandas as pd
 from testbed.report.charts import Chart, Skipped
 from testbed.report.data import RunData
 from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
-from testbed.results.report import SUMMARY_COLUMNS, SUMMARY_NOTES, summary_rows
+from testbed.results.report import (
+    SUMMARY_COLUMNS,
+    SUMMARY_NOTES,
+    paper_rows,
+    summary_rows,
+    unfaithful,
+)
 
 # (column of RunData.metric_rows, header, format): the terminal summary's columns of a finished
 # condition, and its latency percentiles
@@ -55,6 +61,12 @@ def summary_markdown(run: RunData, figures: list[Chart | Skipped]) -> str:
         lines.append("(none finished)")
     for row in failed.to_dict("records"):
         lines.append(f"\n- `{row['condition']}` failed: {str(row['reason']).splitlines()[0]}")
+    for line in unfaithful(df):
+        lines.append(f"\n- {line}")
+    paper = (pb or {}).get("paper")
+    if paper:
+        lines += ["", "## Against the paper", "", f"Source: {paper.get('source', '')}", ""]
+        lines += markdown_table(*paper_rows(df, paper))
     points = compare_policies(df)
     if points:
         lines += ["", "## BALANCE: the hybrid against the better single mode", ""]

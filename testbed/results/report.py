@@ -37,6 +37,8 @@ SUMMARY_COLUMNS = [
     ("predicted_task_throughput", "sim tasks/s", "{:.2f}"),
     ("peak_held_mib", "peak MiB", "{:.2f}"),
     ("completion_error_mean_abs", "sim err", "{:.0%}"),
+    ("time_dilation", "dilation", "{:g}"),
+    ("behind_share", "behind", "{:.1%}"),
 ]
 SUMMARY_NOTES = {  # column header -> its note, printed when the table shows that column
     "verified tok/s": "verified tok/s: tokens that came out of the target (its verdicts, or its "
@@ -48,6 +50,9 @@ SUMMARY_NOTES = {  # column header -> its note, printed when the table shows tha
     "acc strict": "acc strict / flex: GSM8K-format exact match (lm-eval strict `#### N` / last "
     "number); target acc: the target's own greedy answers to the same problems, strict; "
     "=target: share of ALL answers equal to the target's own greedy answer.",
+    "behind": "behind: forwards whose real computation took longer than the modelled time of "
+    "the hardware their host stands for (a condition over 1 % is unfaithful: raise "
+    "lab.time_dilation); dilation: lab.time_dilation, every figure in emulated time.",
     "in time": "BALANCE (mode balance): in time: users finished within their deadline; "
     "ceiling: users some mode could serve in time alone on the server, which no policy "
     "exceeds; tasks/s: those per second of the workload's span (first arrival to last "
@@ -72,12 +77,55 @@ def flatten(entry: dict[str, Any]) -> dict[str, Any]:
         row[f"sweep.{key}"] = value
     link = entry.get("link") or {}
     row["backend"] = link.get("backend")
+    row["time_dilation"] = link.get("time_dilation")
     for key, value in (link.get("requested") or {}).items():
         row[f"link_requested.{key}"] = value
     for key, value in (link.get("summary") or {}).items():
         row[key] = value
     row.update(entry.get("metrics") or {})
     return row
+
+
+def unfaithful(df: pd.DataFrame) -> list[str]:
+    """One line per done condition whose hosts computed slower than the hardware they stand
+    for on more than 1 % of their forwards (`ConditionStats.compute_faithful`)."""
+    if "compute_faithful" not in df:
+        return []
+    bad = df[(df["status"] == "done") & (df["compute_faithful"] == False)]  # noqa: E712
+    return [
+        f"{r['condition']} is unfaithful: {r['behind_forwards']:.0f} of "
+        f"{r['paced_forwards']:.0f} forwards ({r['behind_share']:.1%}) took longer than the "
+        "hardware they stand for (limit 1 %); raise lab.time_dilation"
+        for r in bad.to_dict("records")
+    ]
+
+
+PAPER_GAP = 0.2  # a figure of ours further than this from the paper's needs its reason
+
+
+def paper_rows(df: pd.DataFrame, paper: dict[str, Any] | None) -> tuple[list[str], list[list[str]]]:
+    """The playbook's published figures (its `paper` section) beside ours: per figure, the
+    mean of its metric over the done conditions whose swept values match its `where`, the
+    ratio, and the reason for a gap over PAPER_GAP (or a note that one is missing)."""
+    headers = ["figure", "metric", "paper", "ours", "ours / paper", "why they differ"]
+    rows: list[list[str]] = []
+    done = df[df["status"] == "done"] if "status" in df else df
+    for fig in (paper or {}).get("figures") or []:
+        match = done
+        for key, value in (fig.get("where") or {}).items():
+            col = f"sweep.{key}"
+            match = match[match[col].astype(str) == str(value)] if col in match else match.iloc[0:0]
+        metric = fig["metric"]
+        values = match[metric].dropna() if metric in match else pd.Series(dtype=float)
+        ours = float(values.mean()) if len(values) else None
+        ratio = ours / fig["value"] if ours is not None and fig["value"] else None
+        gap = ratio is not None and abs(ratio - 1) > PAPER_GAP
+        why = fig.get("why") or ("(no reason given)" if gap else "")
+        rows.append([
+            fig["label"], metric, f"{fig['value']:g}", "-" if ours is None else f"{ours:.3g}",
+            "-" if ratio is None else f"{ratio:.2f}", why if gap or fig.get("why") else "",
+        ])  # fmt: skip
+    return headers, rows
 
 
 def condition_frame(store: RunStore) -> pd.DataFrame:

@@ -164,6 +164,17 @@ def host_rows(
     return pd.DataFrame(rows).assign(condition=condition) if rows else pd.DataFrame()
 
 
+def pacing_rows(hosts_dir: Path, condition: str) -> pd.DataFrame:
+    """The `pacing` table: each host's paced engines (a row without `dev`, the server's, is its
+    host folder's)."""
+    rows = [
+        {"dev": path.parent.name, **row, "condition": condition}
+        for path in sorted(hosts_dir.glob("*/pacing.jsonl"))
+        for row in read_records(path)
+    ]
+    return pd.DataFrame(rows)
+
+
 def score_target(requests: pd.DataFrame) -> pd.DataFrame:
     """Score the target's own answers (`target_text`) as the devices' answers are scored, so
     a condition's accuracy can be set beside the target's on the same problems."""
@@ -205,6 +216,7 @@ def tables_from_records(
     )
     for name in ("verifications", "batches"):
         write_typed(name, records(name), staged)
+    pacing = write_typed("pacing", pacing_rows(hosts_dir, condition), staged)
     status = [  # a status without `dev` (the server's) is its host folder's
         {"dev": p.parent.name, **json.loads(p.read_text())}
         for p in sorted(hosts_dir.glob("*/status.json"))
@@ -214,4 +226,6 @@ def tables_from_records(
     link = json.loads(link_file.read_text()) if link_file.exists() else {}
     write_typed("links", link_rows(link, condition), staged)
     write_typed("link_changes", link_change_rows(link, condition), staged)
-    return ConditionStats.from_frames(rounds, requests, hosts, slo=slo, costs=costs).as_row()
+    return ConditionStats.from_frames(
+        rounds, requests, hosts, slo=slo, costs=costs, pacing=pacing
+    ).as_row()

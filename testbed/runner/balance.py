@@ -33,11 +33,21 @@ from testbed.balance.simulator import SimResult, Workload, simulate, workload_sp
 from testbed.config.playbook import BalanceSection, Condition, Playbook
 from testbed.errors import BadInputError
 from testbed.hosts.inventory import InventoryHost
+from testbed.metrics.stats import pacing_figures
 from testbed.results.atomic import atomic_write_json
-from testbed.results.tables import write_parquet
-from testbed.runner.sled import AGENT_ENV, RunContext, fetch, model_on, wait_for_exit
+from testbed.results.tables import pacing_rows, write_parquet
+from testbed.runner.emulation import EMULATION_FILE, ConditionTime, emulation_tag
+from testbed.runner.sled import (
+    AGENT_ENV,
+    RunContext,
+    condition_dilation,
+    fetch,
+    model_on,
+    place_emulation,
+    wait_for_exit,
+)
 
-SERVER_FILES = ("served.jsonl", "summary.json")
+SERVER_FILES = ("served.jsonl", "summary.json", "pacing.jsonl")
 MIB = 2**20
 
 
@@ -107,10 +117,14 @@ def workload_of(rows: list[dict[str, Any]]) -> Workload:
     return Workload(users, np.array([r["arrival_s"] for r in rows]))
 
 
-def cost_model_on(ctx: RunContext, server: InventoryHost, pb: Playbook, staged: Path) -> CostModel:
+def cost_model_on(
+    ctx: RunContext, server: InventoryHost, pb: Playbook, staged: Path, emulation: str, tag: str
+) -> CostModel:
     """The run's cost model, on the server host and in `staged/cost-model.json`: the file
-    `balance.profile` names, or measured on the server host by `testbed profile` the first
-    time a run needs it (kept in the lab's server workdir, which goes with the lab)."""
+    `balance.profile` names, or measured on the server host by `testbed profile` with the
+    server's engines as they run (the emulation file `emulation`, whose contents `tag` names)
+    the first time a run needs it (kept in the lab's server workdir, which goes with the
+    lab)."""
     hosts, b = ctx.hosts, pb.balance
     local = staged / "cost-model.json"
     if b.profile is None and (pb.models.draft, pb.models.target) != ("tiny", "tiny"):
@@ -125,7 +139,8 @@ def cost_model_on(ctx: RunContext, server: InventoryHost, pb: Playbook, staged: 
         atomic_write_json(local, cost.model_dump(mode="json"))
         return cost
     remote = (
-        f"{server.workdir}/balance/cost-model-g{b.draft_len}-t{b.threads}-r{b.profile_repeats}.json"
+        f"{server.workdir}/balance/cost-model-g{b.draft_len}-t{b.threads}-r{b.profile_repeats}"
+        f"-{tag}.json"
     )
     exists = hosts.run(server, f"test -f {shlex.quote(remote)}", check=False).ok
     if ctx.dry_run or not exists:
@@ -137,6 +152,7 @@ def cost_model_on(ctx: RunContext, server: InventoryHost, pb: Playbook, staged: 
                 server.python, "-m", "testbed.cli", "profile", "--out", remote,
                 "--draft-len", str(b.draft_len), "--repeats", str(b.profile_repeats),
                 "--threads", str(b.threads), "--device", pb.models.server_device,
+                "--emulation", emulation,
             ]),
             env=AGENT_ENV,
         )  # fmt: skip
@@ -149,6 +165,7 @@ def cost_model_on(ctx: RunContext, server: InventoryHost, pb: Playbook, staged: 
 def server_command(
     host: InventoryHost, cond: Condition, target: str, draft: str, records: str, cost: str
 ) -> str:
+    """The BALANCE server's command line (its emulation file beside its records)."""
     b = cond.playbook.balance
     return shlex.join([
         host.python, "-m", "testbed.runner.balance_server",
@@ -163,6 +180,7 @@ def server_command(
         "--threads", str(b.threads),
         "--device", cond.playbook.models.server_device,
         "--records", records,
+        "--emulation", f"{records}/{EMULATION_FILE}",
     ])  # fmt: skip
 
 
@@ -284,7 +302,11 @@ def run_balance(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any
     draft = ctx.draft_model if ctx.dry_run else draft_folder(ctx.draft_model)
     records = f"{server.workdir}/runs/{cond.id}"
     hosts.run(server, f"rm -rf {shlex.quote(records)} && mkdir -p {shlex.quote(records)}")
-    cost = cost_model_on(ctx, server, pb, staged)
+    when = ConditionTime.starting_now(condition_dilation(cond))
+    inputs = staged / "inputs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    doc = place_emulation(hosts, server, cond, ctx.lab.emulated, when, inputs, records)
+    cost = cost_model_on(ctx, server, pb, staged, f"{records}/{EMULATION_FILE}", emulation_tag(doc))
     cost_remote = f"{records}/cost-model.json"
     target = model_on(server, "target_model", ctx.target_model)  # placed by Ansible, if so
     command = server_command(server, cond, target, draft, records, cost_remote)
@@ -303,7 +325,7 @@ def run_balance(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any
     ctx.say(f"{cond.id}: {b.users} users arrive at {server.name} ({b.policy})")
     proc = hosts.start(server, "balance-server", command, env=AGENT_ENV)
     try:
-        wait_for_exit(hosts, [proc], pb.condition_timeout_s)
+        wait_for_exit(hosts, [proc], when.real_s(pb.condition_timeout_s))
     finally:
         if hosts.is_alive(proc):
             hosts.stop(proc)
@@ -322,5 +344,6 @@ def run_balance(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any
     inst = make_instance(cost, work.users, b.memory_mib * MIB, service)
     ceiling = int(servable_alone(inst).sum())
     metrics = condition_metrics(users, summary, predicted, b, ceiling)
+    metrics |= pacing_figures(pacing_rows(staged / "hosts", cond.id))
     ctx.say(describe(cond.id, b, metrics))
     return {"metrics": metrics}

@@ -23,6 +23,9 @@ import numpy as np
 
 from agents.balance.engine import EngineExecutor
 from agents.balance.modes import MODE_NAMES
+from agents.emulation.pacing import pacing_rows
+from agents.emulation.settings import EmulationError, load_emulation
+from agents.engines.base import Engine
 from agents.engines.torch_hf import TorchEngine
 from agents.records import RecordWriter, read_records
 from testbed.balance.costmodel import CostModel, load_cost_model
@@ -34,7 +37,7 @@ from testbed.metrics.steal import steal_ms
 class MeasuredExecutor(EngineExecutor):
     """The engine executor, noting the most memory its caches and models held at once."""
 
-    def __init__(self, target: TorchEngine, draft: TorchEngine, cost: CostModel) -> None:
+    def __init__(self, target: Engine, draft: Engine, cost: CostModel) -> None:
         super().__init__(target, draft, cost.draft_len)
         self.cost = cost
         self.peak_held_bytes = float(cost.target.weights_bytes)
@@ -84,12 +87,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--records", required=True, help="folder for served.jsonl, summary.json")
+    ap.add_argument(
+        "--emulation",
+        type=Path,
+        help="JSON from the controller: time dilation, and the hardware and models this host "
+        "stands for (agents.emulation.settings)",
+    )
     args = ap.parse_args(argv)
+    try:
+        emulation = load_emulation(args.emulation)
+    except EmulationError as exc:
+        ap.error(str(exc))
+    emulation.start()
 
     cost = load_cost_model(Path(args.cost))
     rows = read_records(args.users)
-    target = TorchEngine(args.target, device=args.device, threads=args.threads)
-    draft = TorchEngine(args.draft, device=args.device, threads=args.threads)
+    target = emulation.engine(
+        TorchEngine(args.target, device=args.device, threads=args.threads), "target"
+    )
+    draft = emulation.engine(
+        TorchEngine(args.draft, device=args.device, threads=args.threads), "draft"
+    )
     prompts = [target.tokenize(r["prompt"]) for r in rows]
     users = Users(
         prompt=np.array([len(p) for p in prompts]),
@@ -109,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     steal_after = steal_ms()
     with RecordWriter(args.records) as out:
+        for row in pacing_rows({"target": target, "draft": draft}):
+            out.write("pacing", row)
         for uid, r in enumerate(rows):
             finished = bool(np.isfinite(result.finish[uid]))
             tokens = executor.outputs.get(uid, [])

@@ -65,6 +65,17 @@ def run_capacity(
     atomic_write_json(
         out / "capacity.json",
         {"playbook": str(playbook), "rate": rate, "capacity": result.capacity,
-         "measured": result.measured, "figure": "device_verified_tok_s_min"},
+         "measured": result.measured, "figure": "device_verified_tok_s_min",
+         "mode": pb.mode, "paper": paper_capacity(pb)},
     )  # fmt: skip
     return result
+
+
+def paper_capacity(pb: Playbook) -> dict[str, object] | None:
+    """The playbook's published capacity figure for its mode (`paper` section), if any."""
+    for fig in pb.paper.figures if pb.paper else []:
+        where = fig.where or {}
+        if fig.metric == "capacity" and where.get("mode", pb.mode) == pb.mode:
+            return {"label": fig.label, "value": fig.value, "why": fig.why,
+                    "source": pb.paper.source}  # fmt: skip
+    return None

@@ -94,17 +94,27 @@ def probe_checked(
     knobs: ImpairmentSection,
     save: Callable[[], None],
     say: Callable[[str], None],
+    dilation: float = 1.0,
+    requested: dict[str, LinkProfile] | None = None,
 ) -> None:
     """Probe the links into `record` (`rtt_tolerance_ms`, `summary`, `probes`, and each failed
     try's problem and summary under `failed_tries`), `save` it, and check them (the tolerance
     for how the probe timed echoes: `ProbeResult.timed_in_user_space`); a failed check probes
-    again up to `knobs.probe_retries` times, then raises its ImpairmentError."""
+    again up to `knobs.probe_retries` times, then raises its ImpairmentError.
+
+    With time dilation the links carry `profiles` dilated (real time) and are checked against
+    them; `summary` and `probes` are kept in emulated time, against `requested` (the profiles
+    as the playbook asked for them)."""
     for attempt in range(knobs.probe_retries + 1):
         probes = probe()
         in_user_space = any(r.timed_in_user_space for r in probes.values())
         tolerance = record["rtt_tolerance_ms"] = knobs.rtt_tolerance(in_user_space)
-        record["summary"] = summarize_links(probes)
-        record["probes"] = {d: r.model_dump(mode="json") for d, r in probes.items()}
+        shown = {
+            d: r.in_emulated_time(dilation, (requested or profiles).get(d))
+            for d, r in probes.items()
+        }
+        record["summary"] = summarize_links(shown)
+        record["probes"] = {d: r.model_dump(mode="json") for d, r in shown.items()}
         save()
         try:
             check_links(probes, profiles, tolerance)

@@ -30,7 +30,6 @@ from testbed.config.playbook import (
 from testbed.errors import BadInputError, TestbedError
 from testbed.hosts.control import HostControl
 from testbed.hosts.inventory import load_inventory
-from testbed.lab.drafting_rate import measure_class_rates
 from testbed.lab.interface import Lab
 from testbed.lab.kinds import lab_class
 from testbed.lab.physical import inventory_topology
@@ -41,7 +40,9 @@ from testbed.results.manifest import build_manifest, model_digests
 from testbed.results.report import write_condition_table
 from testbed.results.store import RunStore
 from testbed.runner.balance import run_balance
+from testbed.runner.emulation import check_emulation, time_dilation
 from testbed.runner.models import resolve_models
+from testbed.runner.pilot import at_dilation, choose_dilation
 from testbed.runner.reference import target_answers
 from testbed.runner.sled import RunContext, run_condition
 from testbed.topo.model import Topology
@@ -67,11 +68,25 @@ def run_lab_spec(pb: Playbook, source: str) -> LabSpec:
         "name": os.environ.get(LAB_NAME_ENV, LAB_NAME),
         "topology": run_topology(pb, source),
         "inventory": pb.lab.inventory,
-        "pi5_cores": pb.lab.pi5_cores,
     }
     if os.environ.get(LAB_SUBNET_ENV):
         fields["subnet"] = os.environ[LAB_SUBNET_ENV]
     return LabSpec.build(f"{source}: lab", **fields)
+
+
+FULL_CHECK = 1000  # up to this many conditions, a run checks every one before the lab comes up
+
+
+def check_conditions(conditions: Sweep, topology: Topology, source: str) -> None:
+    """Refuse, before the lab comes up, a condition whose dilation its lab cannot run or whose
+    models the catalogue lacks or its hosts cannot hold (every condition of a sweep up to
+    FULL_CHECK; past that the base playbook, the rest as the run reaches them)."""
+    hosts = [(h.name, h.role, h.host_class) for h in topology.hosts]
+    todo = conditions if len(conditions) <= FULL_CHECK else [next(iter(conditions))]
+    for cond in todo:
+        where = f"{source} ({cond.id})" if conditions.keys else source
+        time_dilation(cond.playbook, where)
+        check_emulation(cond.playbook, hosts, where)
 
 
 def _import_torch_before_ansible() -> None:
@@ -209,6 +224,7 @@ def execute(
     models = resolve_models(pb.models, say)
     _import_torch_before_ansible()
     spec = run_lab_spec(pb, source)
+    check_conditions(conditions, spec.topology, source)
 
     def reference(problems: list[Problem], max_new: int) -> dict[str, str]:
         return target_answers(
@@ -225,13 +241,6 @@ def execute(
                     "tokenizer_hash": models.tokenizer_hash,
                     "sha256": model_digests(models.draft, models.target)},
         )  # fmt: skip
-        if spec.pi5_cores is not None:  # host-class limits: what each class drafts under them
-            say("drafting rate per host class")
-            pairs = [(h.name, h.host_class) for h in lab.devices]
-            rates = measure_class_rates(hosts, pairs, Path(models.draft))
-            store.update_manifest(
-                class_drafting_rates={c: r.record() for c, r in rates.items() if r is not None}
-            )
         ctx = RunContext(lab, hosts, models.draft, models.target, reference, say)
         for cond in todo:
             entry = _run_one(ctx, store, cond)
@@ -243,13 +252,21 @@ def execute(
     return RunOutcome(store, done, failed, len(conditions) - remaining)
 
 
+def condition_runner(cond: Condition) -> Callable[[RunContext, Condition, Path], dict]:
+    """The function that runs a condition of this mode."""
+    return run_balance if cond.playbook.mode == "balance" else run_condition
+
+
 def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
     """Run a condition, journal it as done or failed (with its reason); never raises."""
     staged = store.staging(cond.id)
     t0 = time.time()
     base = {"condition": cond.id, "index": cond.index, "values": cond.values, "started": t0}
     try:
-        run = run_balance if cond.playbook.mode == "balance" else run_condition
+        run = condition_runner(cond)
+        if cond.playbook.lab.time_dilation == "auto":
+            dilation, base["pilots"] = choose_dilation(run, ctx, cond, staged, ctx.say)
+            cond = at_dilation(cond, dilation)
         result = run(ctx, cond, staged)
     except Exception as exc:  # a failed condition is journaled; the sweep goes on
         reason = str(exc) if isinstance(exc, TestbedError) else f"{type(exc).__name__}: {exc}"
@@ -270,6 +287,7 @@ def _dry_run(pb: Playbook, conditions: Sweep, say: Callable[[str], None]) -> Run
     the same `run_condition` as a real run, on a dry-run lab and host control."""
     runner = SystemRunner(dry_run=True, echo=lambda line: say(f"  {line}"))
     spec = run_lab_spec(pb, "lab")
+    check_conditions(conditions, spec.topology, "lab")
     say(f"dry run of {pb.name}: {len(conditions)} conditions; nothing is changed")
     lab = lab_class(pb.lab.kind).up(spec, runner=runner, progress=lambda msg: say(f"  {msg}"))
     hosts = HostControl(lab.inventory(), dry_run=True, echo=lambda line: say(f"  {line}"))
@@ -279,6 +297,9 @@ def _dry_run(pb: Playbook, conditions: Sweep, say: Callable[[str], None]) -> Run
             say(f"condition {cond.id}")
             staged = Path(tmp) / cond.id
             staged.mkdir()
-            (run_balance if cond.playbook.mode == "balance" else run_condition)(ctx, cond, staged)
+            if cond.playbook.lab.time_dilation == "auto":
+                say("  time dilation auto: pilots at dilation 1, 2, 4, ... (shown at 1)")
+                cond = at_dilation(cond, 1.0)
+            condition_runner(cond)(ctx, cond, staged)
     lab.down()
     return RunOutcome(None, 0, 0, 0)

@@ -26,15 +26,23 @@ from testbed.config.playbook import Condition
 from testbed.errors import AgentError
 from testbed.hosts.control import HostControl, RemoteProcess
 from testbed.hosts.inventory import Inventory, InventoryHost
-from testbed.lab.backup import backup_profiles, failover_log, probe_backup, read_failovers
+from testbed.lab.backup import (
+    backup_profiles,
+    failover_log,
+    probe_backup,
+    read_failovers,
+    set_monitor_dilation,
+)
 from testbed.lab.interface import Lab
 from testbed.metrics.clocks import measure_offset
 from testbed.metrics.cost import load_cost_table
 from testbed.netem.api import apply_each, clear, link_changes
 from testbed.netem.probe import ProbeResult, probe_links
 from testbed.netem.profile import LOSS_SEMANTICS, LinkProfile
+from testbed.netem.schedule import dilate
 from testbed.results.atomic import atomic_write_json
 from testbed.results.tables import tables_from_records
+from testbed.runner.emulation import EMULATION_FILE, ConditionTime, host_emulation
 from testbed.runner.lab_key import ensure_lab_key, key_path_on, place_lab_key
 from testbed.runner.linkcheck import probe_checked
 from testbed.runner.workload import arrivals_for, problems_for, write_problem_file
@@ -48,8 +56,9 @@ AGENT_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
 }
 SERVER_FILES = ("verifications.jsonl", "batches.jsonl", "refusals.jsonl", "confidence.jsonl",
-                "generations.jsonl", "ar_steps.jsonl", "status.json", "power.jsonl")  # fmt: skip
-DEVICE_FILES = ("rounds.jsonl", "requests.jsonl", "status.json", "power.jsonl")
+                "generations.jsonl", "ar_steps.jsonl", "status.json", "power.jsonl",
+                "pacing.jsonl")  # fmt: skip
+DEVICE_FILES = ("rounds.jsonl", "requests.jsonl", "status.json", "power.jsonl", "pacing.jsonl")
 SERVER_ALONE = {"server-ad": "ad", "server-sd": "sd"}  # playbook mode -> agents.sled.local mode
 
 
@@ -94,6 +103,7 @@ def server_command(host: InventoryHost, cond: Condition, model: str, records: st
         "--records", records,
         "--ready-file", f"{records}/ready",
         "--key-file", key_path_on(host),
+        "--emulation", f"{records}/{EMULATION_FILE}",
     ]  # fmt: skip
     if s.kv_cache_tokens is not None:
         args += ["--kv-cache-tokens", str(s.kv_cache_tokens)]
@@ -140,6 +150,7 @@ def device_command(
         "--seed", str(device_seed(cond.playbook.seed, host.name)),
         "--probe-ms", str(s.probe_ms),
         "--max-new", str(cond.playbook.workload.max_new_tokens),
+        "--emulation", f"{records}/{EMULATION_FILE}",
     ]  # fmt: skip
     if cond.playbook.mode != "device-only":
         args += ["--server", f"{server.address}:{SERVER_PORT}", "--key-file", key_path_on(host)]
@@ -162,6 +173,7 @@ def server_alone_command(
         "--max-new", str(pb.workload.max_new_tokens),
         "--problems", f"{records}/problems.jsonl",
         "--records", records,
+        "--emulation", f"{records}/{EMULATION_FILE}",
     ]  # fmt: skip
     if mode == "sd":
         args += ["--draft", draft]
@@ -274,12 +286,46 @@ def condition_profiles(devices: list[InventoryHost], cond: Condition) -> dict[st
     return {d.name: link for d in devices}
 
 
-def link_events(lab: Lab, since: float, until: float) -> dict[str, list[dict[str, Any]]]:
+def link_events(
+    lab: Lab, since: float, until: float, when: ConditionTime
+) -> dict[str, list[dict[str, Any]]]:
     """What happened to the links during a condition: the profile changes the packet holder
-    applied (schedules, traces, reloads) and the backup path's failovers, each time-stamped."""
-    changes = [c for c in link_changes(lab) if since <= float(c.get("at", 0.0)) <= until]
-    failovers = [f.model_dump() for f in read_failovers(failover_log(lab), since, until)]
+    applied (schedules, traces, reloads) and the backup path's failovers, each time-stamped on
+    the condition's emulated clock, delays in emulated time."""
+    changes = []
+    for c in link_changes(lab):
+        if since <= float(c.get("at", 0.0)) <= until:
+            c = {**c, "at": when.wall(float(c["at"]))}
+            for key in ("delay_us", "jitter_us"):
+                if isinstance(c.get(key), int | float):
+                    c[key] = c[key] / when.dilation
+            changes.append(c)
+    failovers = [
+        {**f.model_dump(), "t": when.wall(f.t)}
+        for f in read_failovers(failover_log(lab), since, until)
+    ]
     return {"changes": changes, "failovers": failovers}
+
+
+def condition_dilation(cond: Condition) -> float:
+    """The condition's time dilation (the runner resolves `auto` before the condition)."""
+    value = cond.playbook.lab.time_dilation
+    if value == "auto":
+        raise ValueError(f"{cond.id}: lab.time_dilation auto was not resolved before the run")
+    return float(value)
+
+
+def place_emulation(
+    hosts: HostControl, host: InventoryHost, cond: Condition, paced: bool, when: ConditionTime,
+    inputs: Path, remote_dir: str,
+) -> dict[str, Any]:  # fmt: skip
+    """Write the host's `--emulation` file (testbed.runner.emulation), put it beside its
+    records and return what it says."""
+    doc = host_emulation(host, cond.playbook, paced, when)
+    local = inputs / f"{host.name}.{EMULATION_FILE}"
+    local.write_text(json.dumps(doc, indent=1))
+    hosts.put(host, local, f"{remote_dir}/{EMULATION_FILE}")
+    return doc
 
 
 def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any]:
@@ -289,16 +335,25 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
     inv = lab.inventory()
     server = inv.server
     devices = condition_devices(inv, cond)
+    when = ConditionTime.starting_now(condition_dilation(cond))
     profiles = condition_profiles(devices, cond)
+    applied = {d: dilate(p, when.dilation) for d, p in profiles.items()}
     profile = next(iter(profiles.values()))
-    link: dict[str, Any] = {"requested": profile.model_dump(), "loss_semantics": LOSS_SEMANTICS}
+    link: dict[str, Any] = {"requested": profile.model_dump(), "loss_semantics": LOSS_SEMANTICS,
+                            "time_dilation": when.dilation}  # fmt: skip
+    if when.dilation != 1:
+        link["applied"] = next(iter(applied.values())).model_dump(mode="json")
     procs: list[RemoteProcess] = []
     t_begin = time.time()
     try:
-        ctx.say(f"{cond.id}: link rtt {profile.rtt_ms} ms, loss {profile.loss}")
+        ctx.say(f"{cond.id}: link rtt {profile.rtt_ms} ms, loss {profile.loss}"
+                + (f", time dilated x{when.dilation:g}" if when.dilation != 1 else ""))  # fmt: skip
         knobs = pb.impairment
         backup = backup_profiles(lab, list(profiles), seed=pb.seed)
-        imp = apply_each(lab, profiles, backend=knobs.backend, backup=backup)
+        backup_applied = {d: dilate(p, when.dilation) for d, p in backup.items()}
+        if backup and lab.emulated:  # the emulated lab's link monitor
+            set_monitor_dilation(lab, when.dilation)
+        imp = apply_each(lab, applied, backend=knobs.backend, backup=backup_applied)
         link.update(backend=imp.backend, backend_reason=imp.reason, holder=imp.holder)
         if backup:
             link["backup"] = {"requested": {d: p.model_dump() for d, p in backup.items()}}
@@ -311,12 +366,15 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
                 atomic_write_json(staged / "link.json", link)
 
             def primary() -> dict[str, ProbeResult]:
-                return probe_links(lab, list(profiles), requested=profile, count=n)
+                dilated = applied[next(iter(applied))]
+                return probe_links(lab, list(profiles), requested=dilated, count=n)
 
-            probe_checked(link, primary, profiles, knobs, save_link, ctx.say)
+            probe_checked(link, primary, applied, knobs, save_link, ctx.say,
+                          when.dilation, profiles)  # fmt: skip
             if backup:  # over each device's backup interface, while traffic stays on primary
-                probe_checked(link["backup"], lambda: probe_backup(lab, backup, count=n), backup,
-                              knobs, save_link, ctx.say)  # fmt: skip
+                probe_checked(link["backup"], lambda: probe_backup(lab, backup_applied, count=n),
+                              backup_applied, knobs, save_link, ctx.say, when.dilation,
+                              backup)  # fmt: skip
 
         records = f"runs/{cond.id}"
         server_records = f"{server.workdir}/{records}"
@@ -332,6 +390,7 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
                                arrivals[dev.name])  # fmt: skip
         if uses_server:
             hosts.run(server, f"rm -rf {shlex.quote(server_records)} && mkdir -p {server_records}")
+            place_emulation(hosts, server, cond, lab.emulated, when, inputs, server_records)
         target = model_on(server, "target_model", ctx.target_model)
         t_server = time.time()  # the server's span, on the controller's clock
         sproc: RemoteProcess | None = None
@@ -364,6 +423,7 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
                 hosts.run(dev, f"rm -rf {shlex.quote(dev_records)} && mkdir -p {dev_records}")
                 own = inputs / f"{dev.name}.problems.jsonl"
                 hosts.put(dev, own, f"{dev_records}/problems.jsonl")
+                place_emulation(hosts, dev, cond, lab.emulated, when, inputs, dev_records)
             ctx.say(f"{cond.id}: starting {len(devices)} device agents")
             workers = hosts.start_all(
                 "sled-device",
@@ -377,19 +437,20 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
         procs.extend(workers.values())
         if ctx.dry_run:
             return {"link": link, "metrics": {}}
-        wait_for_exit(hosts, list(workers.values()), pb.condition_timeout_s)
+        wait_for_exit(hosts, list(workers.values()), when.real_s(pb.condition_timeout_s))
         if sproc is not None:
             hosts.stop(sproc)
         procs.clear()
         ran = ([server] if uses_server else []) + ([] if alone else devices)
-        info = hosts_info(hosts, ran, server.name, (t_server, time.time()))
+        span = (when.wall(t_server), when.wall(time.time()))
+        info = hosts_info(hosts, ran, server.name, span)
         for h in [server] if alone else devices:
             fetch(hosts, h, f"{h.workdir}/{records}", DEVICE_FILES, workers[h.name],
                   staged / "hosts" / h.name)  # fmt: skip
         if sproc is not None:
             fetch(hosts, server, server_records, SERVER_FILES, sproc,
                   staged / "hosts" / server.name)  # fmt: skip
-        link.update(link_events(lab, t_begin, time.time()))
+        link.update(link_events(lab, t_begin, time.time(), when))
         atomic_write_json(staged / "link.json", link)
         answered = [p for ps in problems.values() for p in ps]
         metrics = build_tables(
@@ -401,7 +462,7 @@ def run_condition(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, A
             hosts.stop_all(procs, grace_s=2)
         clear(lab)
         if "changes" not in link:  # a failed condition: what happened to its links so far
-            link.update(link_events(lab, t_begin, time.time()))
+            link.update(link_events(lab, t_begin, time.time(), when))
         if not ctx.dry_run and "summary" in link:
             atomic_write_json(staged / "link.json", link)
 

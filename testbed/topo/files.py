@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from testbed.config.loading import load_model
 from testbed.errors import BadInputError
 from testbed.netem.profile import LinkProfile
-from testbed.topo.hosts import HOST_CLASSES
+from testbed.topo.hosts import host_classes
 from testbed.topo.model import TopoHost, TopoLink, Topology
 
 MAX_DEVICES = 200
@@ -67,10 +67,10 @@ class TopologyFile(_Strict):
         wanted = [("links.primary", self.links.primary), ("links.backup", self.links.backup)]
         for i, entry in enumerate(self.fleet):
             wanted += [(f"fleet.{i}.primary", entry.primary), (f"fleet.{i}.backup", entry.backup)]
-            if entry.host_class not in HOST_CLASSES:
+            if entry.host_class not in host_classes():
                 raise ValueError(
                     f"fleet.{i}.class: unknown host class {entry.host_class!r} "
-                    f"(known: {', '.join(HOST_CLASSES)})"
+                    f"(known: {', '.join(host_classes())})"
                 )
         for key, name in wanted:
             if name is not None and name not in self.profiles:
