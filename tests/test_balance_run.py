@@ -77,6 +77,15 @@ def test_every_condition_is_done(balance_run):
     assert all(e["status"] == "done" for e in entries.values())
 
 
+def test_the_servers_engines_are_paced_to_its_hardware(balance_run):
+    outcome, entries, _ = balance_run
+    for e in entries.values():
+        pacing = pd.read_parquet(outcome.store.condition_dir(e["condition"]) / "pacing.parquet")
+        assert set(pacing["role"]) == {"target", "draft"} and pacing["paced"].all()
+        assert set(pacing["hardware"]) == {"a100-80gb"}
+        assert e["metrics"]["paced_forwards"] == int(pacing["forwards"].sum()) > 0
+
+
 def test_every_served_user_gets_the_target_greedy_output(balance_run):
     outcome, entries, _ = balance_run
     for entry in entries.values():

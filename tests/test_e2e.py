@@ -275,6 +275,16 @@ def test_same_experiment_on_all_three_lab_kinds(root_netns, tmp_path, tiny_pair)
         for probe in probes.values():
             assert abs(probe["rtt_ms"]["p50"] - 40) <= 1.0, (kind, probe)
             assert probe["rx_user_space"] == (0 if held else None), (kind, probe)
+        # emulated hosts pace every engine to their class's hardware; an inventory's hosts
+        # are taken for real hardware: the model's time is only predicted beside each step
+        pacing = pd.read_parquet(outcome.store.root / "conditions" / entry["condition"] /
+                                 "pacing.parquet")  # fmt: skip
+        assert set(pacing["dev"]) == {"server", "dev1", "dev2"}, kind
+        assert set(pacing["paced"]) == {not kind.startswith("inventory/")}, kind
+        assert (pacing["forwards"] > 0).all() and set(pacing["hardware"]) == {"pi5", "a100-80gb"}
+        rounds = pd.read_parquet(outcome.store.root / "conditions" / entry["condition"] /
+                                 "rounds.parquet")  # fmt: skip
+        assert (rounds["draft_modelled_ms"] > 0).all(), kind
     assert leftovers(LAB) == [] and leftovers("ehosts") == []
 
 
@@ -301,6 +311,11 @@ def test_every_mode_gives_the_targets_greedy_output_at_zero_loss(root_netns, tmp
         assert requests["matches_target"].all(), requests[["dev", "text", "target_text"]]
         want = {"centralized"} if mode == "centralized" else {"verified"}
         assert set(rounds["mode"]) == want, cid
+        pacing = pd.read_parquet(cond / "pacing.parquet")  # centralized devices draft nothing
+        want_engines = {("server", "target")} | (
+            set() if mode == "centralized" else {("dev1", "draft"), ("dev2", "draft")}
+        )
+        assert set(zip(pacing["dev"], pacing["role"])) == want_engines, cid
         if entry["values"]["sled.draft_policy"] == "adaptive" and mode == "sled":
             assert rounds["draft_len"].between(3, 8).all()
         assert entry["link"]["failovers"] == []  # no backup path, no schedule: one phase

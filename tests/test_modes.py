@@ -92,6 +92,17 @@ def test_reference_modes_answer_as_their_models(root_netns, tmp_path, tiny_pair)
         rounds = pd.read_parquet(cond / "rounds.parquet")
         assert len(requests) == 4 and set(requests["dev"]) == {"dev1", "dev2"}, cid
         hosts = {p.name for p in (cond / "hosts").iterdir()}
+        pacing = pd.read_parquet(cond / "pacing.parquet")  # each engine paced to its hardware
+        engines = {(d, r) for d, r in zip(pacing["dev"], pacing["role"])}
+        assert (
+            engines
+            == {
+                "device-only": {("dev1", "draft"), ("dev2", "draft")},
+                "server-ad": {("server", "target")},
+                "server-sd": {("server", "target"), ("server", "draft")},
+            }[mode]
+        ), engines
+        assert pacing["paced"].all() and (pacing["forwards"] > 0).all()
         if mode == "device-only":
             assert hosts == {"dev1", "dev2"}, hosts  # no server process ran
             assert set(rounds["mode"]) == {"local"}

@@ -35,7 +35,7 @@ from testbed.errors import BadInputError
 from testbed.hosts.inventory import InventoryHost
 from testbed.metrics.stats import pacing_figures
 from testbed.results.atomic import atomic_write_json
-from testbed.results.tables import pacing_rows, write_parquet
+from testbed.results.tables import pacing_rows, write_parquet, write_typed
 from testbed.runner.emulation import EMULATION_FILE, ConditionTime, emulation_tag
 from testbed.runner.sled import (
     AGENT_ENV,
@@ -344,6 +344,7 @@ def run_balance(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any
     inst = make_instance(cost, work.users, b.memory_mib * MIB, service)
     ceiling = int(servable_alone(inst).sum())
     metrics = condition_metrics(users, summary, predicted, b, ceiling)
-    metrics |= pacing_figures(pacing_rows(staged / "hosts", cond.id))
+    pacing = write_typed("pacing", pacing_rows(staged / "hosts", cond.id), staged)
+    metrics |= pacing_figures(pacing)
     ctx.say(describe(cond.id, b, metrics))
     return {"metrics": metrics}
