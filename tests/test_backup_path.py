@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.errors import ImpairmentError
-from testbed.lab.backup import (
+from agents.failover import socket_in
+from testbed.core.errors import ImpairmentError
+from testbed.labs.backup import (
     BACKUP_IFACE,
     PLAN_FILE,
     backup_port,
@@ -24,19 +25,17 @@ from testbed.lab.backup import (
     failover_log,
     load_plan,
     monitor_tag,
-    probe_backup,
     read_failovers,
 )
-from testbed.lab.discover import tagged_processes
-from testbed.lab.failover import socket_in
-from testbed.lab.system import SystemRunner
-from testbed.netem.api import Impairment, apply, apply_each, clear, current, verify
-from testbed.netem.nfqueue import BACKUP_QUEUE_BASE, Rule, holder_spec, plan_rules, restore_text
-from testbed.netem.paths import impaired_paths
-from testbed.netem.probe import probe_link
-from testbed.netem.profile import LinkProfile
-from testbed.netem.tcnetem import TcNetemBackend
-from testbed.topo.model import Topology
+from testbed.labs.discover import tagged_processes
+from testbed.labs.system import SystemRunner
+from testbed.links.api import Impairment, apply, apply_each, clear, current, verify
+from testbed.links.nfqueue import BACKUP_QUEUE_BASE, Rule, holder_spec, plan_rules, restore_text
+from testbed.links.paths import impaired_paths
+from testbed.links.probe import probe_backup, probe_link
+from testbed.links.tcnetem import TcNetemBackend
+from testbed.topo.profile import LinkProfile
+from testbed.topo.topology import Topology
 
 TRAFFIC_PORT = 9900
 PACKET = struct.Struct("!Qd")
@@ -48,8 +47,8 @@ def test_default_backup_subnet_follows_the_lab_subnet() -> None:
 
 
 def test_dry_run_prints_the_backup_links(tmp_path: Path) -> None:
-    from testbed.lab.emulated import EmulatedLab
-    from testbed.lab.spec import LabSpec
+    from testbed.labs.emulated import EmulatedLab
+    from testbed.labs.spec import LabSpec
 
     runner = SystemRunner(dry_run=True, echo=lambda _line: None)
     spec = LabSpec.build(name="kbdry", devices=2, subnet="10.89.9.0/24", state_dir=str(tmp_path))
@@ -74,8 +73,8 @@ def test_dry_run_prints_the_backup_links(tmp_path: Path) -> None:
 def _dry_backup_lab(tmp_path: Path):
     """A dry-run lab of 2 devices with a backup path (a dry run writes no plan: the lab's
     backup plan is the one `up` would make)."""
-    from testbed.lab.emulated import EmulatedLab
-    from testbed.lab.spec import LabSpec
+    from testbed.labs.emulated import EmulatedLab
+    from testbed.labs.spec import LabSpec
 
     runner = SystemRunner(dry_run=True, echo=lambda _line: None)
     topo = Topology.star(2, LinkProfile(rtt_ms=85))
@@ -136,8 +135,8 @@ def test_netem_backend_shapes_the_backup_ports(tmp_path: Path) -> None:
 
 
 def test_backup_profiles_need_a_backup_path(tmp_path: Path) -> None:
-    from testbed.lab.emulated import EmulatedLab
-    from testbed.lab.spec import LabSpec
+    from testbed.labs.emulated import EmulatedLab
+    from testbed.labs.spec import LabSpec
 
     runner = SystemRunner(dry_run=True, echo=lambda _line: None)
     spec = LabSpec.build(name="kbno", devices=1, subnet="10.89.11.0/24", state_dir=tmp_path)
@@ -190,8 +189,8 @@ def _cut(runner: SystemRunner, sw: str, port: str) -> None:
 
 
 def test_cut_moves_traffic_to_backup_and_back(root_netns: None, tmp_path: Path) -> None:
-    from testbed.lab.emulated import EmulatedLab
-    from testbed.lab.spec import LabSpec
+    from testbed.labs.emulated import EmulatedLab
+    from testbed.labs.spec import LabSpec
 
     topo = Topology.star(1, LinkProfile(rtt_ms=0))
     topo.add_link("dev1", "server", "5g", LinkProfile(rtt_ms=0), path="backup")
@@ -255,7 +254,7 @@ def test_cut_moves_traffic_to_backup_and_back(root_netns: None, tmp_path: Path) 
         )
     finally:
         lab.down()
-    from testbed.lab.clean import leftovers
+    from testbed.labs.clean import leftovers
 
     assert leftovers("kbk") == []
     assert tagged_processes(monitor_tag("kbk")) == []
@@ -276,10 +275,10 @@ def _on_backup(lab, netns: str, server_ip: str) -> bool:
 
 
 def test_backup_link_carries_its_own_profile_after_a_cut(root_netns: None, tmp_path: Path) -> None:
-    from testbed.lab.clean import leftovers
-    from testbed.lab.emulated import EmulatedLab
-    from testbed.lab.spec import LabSpec
-    from testbed.netem.nfqueue import holder_tag
+    from testbed.labs.clean import leftovers
+    from testbed.labs.emulated import EmulatedLab
+    from testbed.labs.spec import LabSpec
+    from testbed.links.nfqueue import holder_tag
 
     wifi, five_g = LinkProfile(rtt_ms=10), LinkProfile(rtt_ms=30)
     topo = Topology.star(1, wifi)
@@ -329,14 +328,13 @@ def test_backup_link_carries_its_own_profile_after_a_cut(root_netns: None, tmp_p
 
 
 def _path():
-    import ipaddress as ip
-
-    from testbed.lab.backup import BackupPlan, PathEnd
-    from testbed.lab.failover import PrimaryPath
+    from agents.failover import MonitorPlan, PrimaryPath
+    from testbed.labs.backup import BackupPlan, PathEnd
 
     end = PathEnd(name="dev1", netns="x", primary_ip="10.0.0.2", backup_ip="10.0.1.2")
-    plan = BackupPlan(lab="h", subnet=ip.IPv4Network("10.0.1.0/24"), server=end, devices=[end])
-    return plan, PrimaryPath(end, sock=None)  # type: ignore[arg-type]
+    plan = BackupPlan(lab="h", subnet="10.0.1.0/24", server=end, devices=[end])
+    monitored = MonitorPlan.from_json(plan.model_dump_json())  # as the monitor reads it
+    return monitored, PrimaryPath(monitored.devices[0], sock=None)  # type: ignore[arg-type]
 
 
 def _probe(path, plan, seq: int, sent: float, rtt: float | None, now: float) -> str | None:

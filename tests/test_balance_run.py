@@ -15,11 +15,11 @@ import pytest
 import yaml
 from conftest import require_root_netns
 
-from testbed.balance.costmodel import load_cost_model
-from testbed.balance.rescue import MOVED_TO_AD
+from agents.balance.rescue import MOVED_TO_AD
+from testbed.balance.cost_file import read_cost_model
 from testbed.config.playbook import load_playbook
-from testbed.errors import BadInputError
-from testbed.lab.clean import leftovers
+from testbed.core.errors import BadInputError
+from testbed.labs.clean import leftovers
 from testbed.report.charts import Chart
 from testbed.report.data import RunData
 from testbed.report.figures import balance_throughput_by_policy
@@ -160,7 +160,7 @@ def test_prediction_is_compared_for_every_user_served_in_both(balance_run):
 def test_cost_model_is_stored_with_each_condition(balance_run):
     outcome, entries, lines = balance_run
     costs = [
-        load_cost_model(outcome.store.condition_dir(e["condition"]) / "cost-model.json")
+        read_cost_model(outcome.store.condition_dir(e["condition"]) / "cost-model.json")
         for e in entries.values()
     ]
     assert all(c == costs[0] for c in costs)  # profiled once per run, on the server host
@@ -191,8 +191,8 @@ def test_dry_run_names_the_balance_server(tmp_path):
     lines: list[str] = []
     execute(playbook, dry_run=True, say=lines.append)
     text = "\n".join(lines)
-    assert "testbed.runner.balance_server" in text and "--policy" in text
-    assert "testbed.cli profile" in text
+    assert "agents.balance.server" in text and "--policy" in text
+    assert "agents.balance.profile" in text
 
 
 def test_bad_deadline_range_names_the_key(tmp_path):
@@ -227,7 +227,7 @@ def test_predicted_throughput_is_the_mean_of_the_simulated_draws(balance_run):
     PREDICTION_DRAWS simulated runs, which differ (drafts accepted at random)."""
     import numpy as np
 
-    from testbed.balance.problem import default_service
+    from agents.balance.problem import default_service
     from testbed.balance.simulator import simulate
     from testbed.runner.balance import PREDICTION_DRAWS, workload_of
 
@@ -235,7 +235,7 @@ def test_predicted_throughput_is_the_mean_of_the_simulated_draws(balance_run):
     play = load_playbook(outcome.store.root / "playbook.yaml")
     entry = entries["sd-only"]
     users = users_of(outcome, entry).sort_values("uid")
-    cost = load_cost_model(outcome.store.condition_dir(entry["condition"]) / "cost-model.json")
+    cost = read_cost_model(outcome.store.condition_dir(entry["condition"]) / "cost-model.json")
     b = play.balance
     work = workload_of(users.to_dict("records"))
     service = default_service(cost, b.fixed_share, b.period_s)

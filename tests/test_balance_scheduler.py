@@ -8,15 +8,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from testbed.balance.admission import PRICE_LIMIT, AdmissionController, Plan, plan_modes, refusals
-from testbed.balance.algorithm import _lp_vertex, schedule
+from agents.balance.admission import PRICE_LIMIT, AdmissionController, Plan, plan_modes, refusals
+from agents.balance.algorithm import _lp_vertex, schedule
+from agents.balance.exhaustive import solve_exhaustive
+from agents.balance.problem import AD, SD, UNSERVED, Instance, Timing, is_feasible, usage
 from testbed.balance.baselines import ad_only, naive_greedy, sd_only
 from testbed.balance.bench import proven_bound
-from testbed.balance.costmodel import load_cost_model
-from testbed.balance.exact import solve_exact, solve_exhaustive
+from testbed.balance.cost_file import read_cost_model
+from testbed.balance.exact import solve_exact
 from testbed.balance.instances import random_instance
-from testbed.balance.problem import AD, SD, UNSERVED, Instance, Timing, is_feasible, usage
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
 
 
 def test_integer_program_matches_exhaustive_search():
@@ -177,7 +178,7 @@ def test_cost_model_errors_name_the_file_and_key(tmp_path):
     bad = tmp_path / "cost.json"
     bad.write_text(json.dumps({"target": {"weights_bytes": 1}}))
     with pytest.raises(BadInputError, match=r"cost\.json: key 'target\.kv_bytes_per_token'"):
-        load_cost_model(bad)
+        read_cost_model(bad)
 
 
 def test_priced_admission_sends_each_user_where_the_binding_resource_costs_least():

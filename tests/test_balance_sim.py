@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from agents.balance.admission import AdmissionController
+from agents.balance.costmodel import CostModel, LoopStep, ModelCost, StepCost
 from agents.balance.loop import HybridLoop
 from agents.balance.modes import AD, SD, UNSERVED
-from testbed.balance.admission import AdmissionController
-from testbed.balance.costmodel import CostModel, LoopStep, ModelCost, StepCost, load_cost_model
-from testbed.balance.problem import (
+from agents.balance.problem import (
     Users,
     default_service,
     make_instance,
@@ -17,15 +20,11 @@ from testbed.balance.problem import (
     timing_of,
     user_demands,
 )
-from testbed.balance.rescue import move_lagging_sd_users
-from testbed.balance.simulator import (
-    SimulatedExecutor,
-    Workload,
-    random_workload,
-    simulate,
-    workload_span_s,
-)
-from testbed.errors import BadInputError
+from agents.balance.rescue import move_lagging_sd_users
+from agents.balance.serve import Workload, workload_span_s
+from testbed.balance.cost_file import read_cost_model
+from testbed.balance.simulator import SimulatedExecutor, random_workload, simulate
+from testbed.core.errors import BadInputError
 
 COST = CostModel(
     target=ModelCost(weights_bytes=5_000_000, kv_bytes_per_token=3072, prefill_per_token_s=0.00017),
@@ -49,7 +48,7 @@ SERVICE = default_service(COST)
 def test_cost_model_round_trips_through_its_json(tmp_path):
     path = tmp_path / "cost.json"
     COST.save(path)
-    assert load_cost_model(path) == COST
+    assert read_cost_model(path) == COST
 
 
 def test_sd_rounds_yield_tokens_as_the_profile_measured_them():
@@ -85,16 +84,16 @@ def test_the_first_step_after_the_loop_waited_costs_the_after_idle_time():
 )
 def test_a_profile_whose_round_tokens_are_no_distribution_is_refused(tmp_path, round_tokens):
     path = tmp_path / "cost.json"
-    path.write_text(COST.model_copy(update={"round_tokens": round_tokens}).model_dump_json())
+    path.write_text(json.dumps({**COST.as_dict(), "round_tokens": round_tokens}))
     with pytest.raises(BadInputError, match=r"cost\.json.*round_tokens: expected 5 probabilities"):
-        load_cost_model(path)
+        read_cost_model(path)
 
 
 def test_a_profile_of_arbitrary_bytes_is_refused_naming_the_file(tmp_path):
     path = tmp_path / "cost.json"
     path.write_bytes(b"\xff\xfe{\x00")
     with pytest.raises(BadInputError, match=r"cost\.json: not valid JSON"):
-        load_cost_model(path)
+        read_cost_model(path)
 
 
 def test_a_user_moved_between_modes_gets_exactly_its_tokens_and_one_prefill():
@@ -168,8 +167,8 @@ def test_memory_never_exceeds_the_budget(budget):
 
 def test_without_prefill_bursts_every_admitted_user_meets_its_deadline():
     """The admission model and the paced loop agree; prefill bursts are the known gap."""
-    cost = COST.model_copy(deep=True)
-    cost.target.prefill_per_token_s = cost.draft.prefill_per_token_s = 0.0
+    free = {"prefill_per_token_s": 0.0}
+    cost = replace(COST, target=replace(COST.target, **free), draft=replace(COST.draft, **free))
     work = random_workload(np.random.default_rng(2), 400, rate_per_s=80)
     for policy in ("ad-only", "sd-only", "hybrid"):
         res = simulate(cost, work, 2.4e7, SERVICE, policy)
@@ -245,7 +244,7 @@ def test_task_throughput_is_users_in_time_over_the_span_every_policy_shares():
 def poor_draft_lab(ad_user: bool):
     """User 1 in SD on an executor whose draft gets none of its tokens right, while admission
     budgets the profile's 3.81 tokens a round; with ad_user, user 0 is served in AD beside it."""
-    poor = COST.model_copy(update={"round_tokens": [1.0, 0, 0, 0, 0]})
+    poor = replace(COST, round_tokens=[1.0, 0, 0, 0, 0])
     users = Users(np.array([20, 20]), np.array([30, 30]), np.array([5.0, 0.6]))
     arrival = np.zeros(2)
     demands = user_demands(COST, users, SERVICE)
@@ -284,7 +283,7 @@ def test_bench_balance_sim_says_where_the_hybrid_stands_at_each_point(tmp_path):
     from testbed.cli import app
 
     path = tmp_path / "cost.json"
-    path.write_text(COST.model_dump_json())
+    path.write_text(json.dumps(COST.as_dict()))
     args = ["--users", "30", "--budgets-mib", "6,64", "--rates", "20,80", "--seeds", "0,1"]
     result = CliRunner().invoke(app, ["bench", "balance-sim", "--cost", str(path), *args])
     assert result.exit_code == 0, result.output
@@ -322,7 +321,7 @@ def test_bench_balance_sim_names_a_bad_list_option(tmp_path, option, value, says
     from testbed.cli import app
 
     path = tmp_path / "cost.json"
-    path.write_text(COST.model_dump_json())
+    path.write_text(json.dumps(COST.as_dict()))
     result = CliRunner().invoke(app, ["bench", "balance-sim", "--cost", str(path), option, value])
     assert result.exit_code == 2, result.output  # a usage error, not a traceback
     text = " ".join(result.output.replace("│", " ").split())  # the error box may wrap it

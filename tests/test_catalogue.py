@@ -11,7 +11,7 @@ import pytest
 
 from agents.emulation.stepcost import step_seconds
 from testbed.bench.hardware import GOAL, Live, fit_entry, rewrite, rows, write_catalogue
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
 from testbed.models.configs import DRAFT, TARGET
 from testbed.topo.catalogue import (
     DEFAULT_PATH,

@@ -8,7 +8,7 @@ import pytest
 from conftest import require_root_netns
 from test_report_runs import copy_run, real_runs, run_testbed, synthetic_run
 
-from testbed.errors import BadInputError, ExitCode
+from testbed.core.errors import BadInputError, ExitCode
 from testbed.report.compare import (
     Tolerance,
     compare_runs,

@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from testbed.cli import app
 from testbed.config import playbook as playbook_module
-from testbed.config.loading import MAX_BYTES
+from testbed.config.costs import load_cost_table
 from testbed.config.playbook import expand, load_playbook
-from testbed.errors import BadInputError
-from testbed.metrics.cost import load_cost_table
+from testbed.core.errors import BadInputError
+from testbed.core.loading import MAX_BYTES
 from testbed.topo.files import load_topology
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -21,9 +21,9 @@ import yaml
 from conftest import require_root_netns
 
 from agents.workloads.gsm8k import default_path as gsm8k_default
-from testbed.lab import EmulatedLab, LabSpec, SystemRunner
-from testbed.lab.clean import leftovers
-from testbed.lab.physical import describe_namespace_lab
+from testbed.labs import EmulatedLab, LabSpec, SystemRunner
+from testbed.labs.clean import leftovers
+from testbed.labs.physical import describe_namespace_lab
 from testbed.results.store import RunStore
 from testbed.runner.run import execute
 

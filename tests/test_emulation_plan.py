@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed.config.loading import validate
 from testbed.config.playbook import Playbook, expand, load_playbook
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
+from testbed.core.loading import validate
 from testbed.hosts.inventory import InventoryHost
-from testbed.netem.probe import summarize
-from testbed.netem.profile import LinkProfile
-from testbed.netem.schedule import dilate, timeline
+from testbed.links.probe import summarize
 from testbed.runner.emulation import (
     ConditionTime,
     check_emulation,
@@ -23,7 +21,9 @@ from testbed.runner.emulation import (
     time_dilation,
 )
 from testbed.runner.run import check_conditions
-from testbed.topo.model import Topology
+from testbed.topo.profile import LinkProfile
+from testbed.topo.schedule import dilate, timeline
+from testbed.topo.topology import Topology
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import require_root_netns
 
-from testbed.errors import AgentError, BadInputError
+from testbed.core.errors import AgentError, BadInputError
 from testbed.hosts import GroupError, GroupResult, HostControl, Inventory, InventoryHost
 from testbed.hosts.control import env_prefix, remote_path, start_script
 
@@ -116,7 +116,7 @@ def test_dry_run_prints_the_facts_it_would_read() -> None:
 @pytest.fixture(scope="module")
 def hc(tmp_path_factory: pytest.TempPathFactory):
     require_root_netns()
-    from testbed.lab import EmulatedLab, LabSpec
+    from testbed.labs import EmulatedLab, LabSpec
 
     spec = LabSpec(
         name="fhost", devices=2, subnet="10.80.2.0/24", state_dir=tmp_path_factory.mktemp("fh")

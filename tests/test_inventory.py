@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
 from testbed.hosts import InventoryHost, dump_inventory, load_inventory
 
 REPO = Path(__file__).resolve().parent.parent

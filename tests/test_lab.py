@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import require_root_netns
 
-from testbed.errors import BadInputError, LabError
-from testbed.lab import EmulatedLab, LabSpec, SystemRunner, clean_all, leftovers, naming
-from testbed.lab.discover import is_lab_process, list_netns, root_links
+from testbed.core.errors import BadInputError, LabError
+from testbed.labs import EmulatedLab, LabSpec, SystemRunner, clean_all, leftovers, naming
+from testbed.labs.discover import is_lab_process, list_netns, root_links
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -214,8 +214,9 @@ CRASHER = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, {repo!r})
-    from testbed.lab import EmulatedLab, LabSpec
-    from testbed.netem import LinkProfile, apply
+    from testbed.labs import EmulatedLab, LabSpec
+    from testbed.links.api import apply
+    from testbed.topo.profile import LinkProfile
     lab = EmulatedLab.up(LabSpec(name="tcrash", devices=2, subnet="10.77.205.0/24",
                                  state_dir={state!r}))
     apply(lab, LinkProfile(rtt_ms=20))
@@ -282,7 +283,7 @@ def test_clean_dry_run_lists_but_keeps(root_netns: None, tmp_path: Path) -> None
 
 
 def test_up_failure_rolls_back(root_netns: None, tmp_path: Path, monkeypatch) -> None:
-    from testbed.lab import sshd
+    from testbed.labs import sshd
 
     def broken(*_a, **_k):
         raise LabError("sshd refused to start (simulated)")

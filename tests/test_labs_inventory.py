@@ -15,14 +15,14 @@ import pytest
 import yaml
 from conftest import require_root_netns
 
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
 from testbed.hosts.inventory import InventoryHost, inventory_document, load_inventory
-from testbed.lab import EmulatedLab, LabSpec, SystemRunner, lab_class
-from testbed.lab.physical import InventoryLab, describe_namespace_lab
-from testbed.netem.api import apply, clear
-from testbed.netem.probe import probe_links, probe_packets
-from testbed.netem.profile import LinkProfile
-from testbed.topo.model import Topology
+from testbed.labs import EmulatedLab, LabSpec, SystemRunner, lab_class
+from testbed.labs.physical import InventoryLab, describe_namespace_lab
+from testbed.links.api import apply, clear
+from testbed.links.probe import probe_links, probe_packets
+from testbed.topo.profile import LinkProfile
+from testbed.topo.topology import Topology
 
 
 def describe_as_inventory(lab: EmulatedLab, path: Path, middlebox: dict) -> Path:
@@ -132,8 +132,8 @@ def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts,
     import shutil
 
     from testbed.hosts import HostControl
-    from testbed.netem.holder_build import find_holder
-    from testbed.netem.nfqueue import held_up, release_counts, site_holder
+    from testbed.links.holder_build import find_holder
+    from testbed.links.nfqueue import held_up, release_counts, site_holder
 
     ns = namespace_hosts
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml")
@@ -195,7 +195,7 @@ def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts,
 
 
 def test_an_inventory_without_topology_is_its_own_star(tmp_path):
-    from testbed.lab.physical import inventory_topology
+    from testbed.labs.physical import inventory_topology
 
     ns = planned_namespace_lab(tmp_path, Topology.star(3, device_class="jetson-orin-nano"))
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml")
@@ -257,8 +257,8 @@ def test_hosts_impair_their_own_links_live(namespace_hosts, tmp_path):
     """Without a middlebox, over SSH to each namespace host: RTT and loss as requested, one
     device's profile changed alone, its changes logged on the hosts, and all of it removed."""
     from testbed.config.playbook import ImpairmentSection
-    from testbed.netem.api import current, link_changes
-    from testbed.netem.hostside import hosts_have_netem
+    from testbed.links.api import current, link_changes
+    from testbed.links.hostside import hosts_have_netem
     from testbed.runner.linkcheck import probe_checked
 
     ns = namespace_hosts
@@ -370,8 +370,9 @@ def test_inventory_lab_impairs_its_backup_path(namespace_hosts_with_backup, tmp_
     """A physical lab with a backup path declared in its inventory: both paths impaired in one
     go (through the middlebox, or on the hosts), each measuring as its own profile."""
     from testbed.config.playbook import ImpairmentSection
-    from testbed.lab.backup import backup_profiles, probe_backup
-    from testbed.netem.api import apply_each
+    from testbed.links.api import apply_each
+    from testbed.links.plan import backup_profiles
+    from testbed.links.probe import probe_backup
     from testbed.runner.linkcheck import probe_checked
 
     ns = namespace_hosts_with_backup

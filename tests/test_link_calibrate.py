@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from testbed.bench.link import LinkBench
-from testbed.netem.calibrate import Calibration, analyse
-from testbed.netem.probe import RawProbe
-from testbed.netem.profile import GilbertElliott, LinkProfile
+from testbed.links.calibrate import Calibration, analyse
+from testbed.links.probe import RawProbe
+from testbed.topo.profile import GilbertElliott, LinkProfile
 
 
 def _raw(at_server: list[int], echoed: dict[int, float], sent: int = 10) -> RawProbe:
@@ -73,7 +73,7 @@ def test_link_bench_pools_links_and_tolerates_chance_misses() -> None:
 
 
 def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
-    from testbed.netem.holder_process import START_MARK, parse_release_counts
+    from testbed.links.holder_process import START_MARK, parse_release_counts
 
     line = (
         "queue={q} link={link}/{d} gen={g} in=120 out={out} lost=3 full=0 late_us_mean=12.5 "
@@ -111,7 +111,7 @@ def test_holder_release_counts_are_read_from_its_last_run_only() -> None:
 
 
 def test_spells_when_neither_releaser_ran_are_read_per_generation() -> None:
-    from testbed.netem.holder_process import START_MARK, HeldUp, parse_held_up
+    from testbed.links.holder_process import START_MARK, HeldUp, parse_held_up
 
     log = "\n".join([
         START_MARK,
@@ -134,7 +134,7 @@ def test_spells_when_neither_releaser_ran_are_read_per_generation() -> None:
 def test_round_trips_a_held_up_spell_met_are_told_apart() -> None:
     """A round trip is left out of the untouched p99 when either leg was due in a spell of
     its profile's generation, or within the p99 goal before one; the others are kept."""
-    from testbed.netem.holder_process import HeldUp
+    from testbed.links.holder_process import HeldUp
 
     ms = 1_000_000
     legs = [  # (left the device, echo left the server) ns, |error| ms; each leg due 42.5 ms on
@@ -164,7 +164,7 @@ def test_spells_that_keep_a_100_ms_cycle_are_told_from_random_ones() -> None:
     """The densest 10 ms window of every 100 ms, wrapping around the cycle's end."""
     import numpy as np
 
-    from testbed.netem.holder_process import HeldUp
+    from testbed.links.holder_process import HeldUp
 
     ms = 1_000_000
     rng = np.random.default_rng(7)
@@ -184,8 +184,8 @@ def test_spells_that_keep_a_100_ms_cycle_are_told_from_random_ones() -> None:
 
 
 def test_the_holder_s_late_packets_are_told_per_profile_and_on_the_links_that_missed() -> None:
-    from testbed.netem.calibrate import LossCheck
-    from testbed.netem.holder_process import HeldUp, ReleaseCounts
+    from testbed.links.calibrate import LossCheck
+    from testbed.links.holder_process import HeldUp, ReleaseCounts
 
     def row(profile: str, device: str, p99: float, gen: int, echoes: int = 500) -> Calibration:
         return Calibration.model_construct(
@@ -242,8 +242,8 @@ def test_lossy_links_are_sent_enough_packets_for_the_echoes_wanted(loss: float, 
 
 
 def test_holder_flags_come_from_the_environment_and_unknown_ones_are_named(monkeypatch) -> None:
-    from testbed.errors import BadInputError
-    from testbed.netem.holder_process import FLAGS_ENV, flags_for_holders, holder_flags
+    from testbed.core.errors import BadInputError
+    from testbed.links.holder_process import FLAGS_ENV, flags_for_holders, holder_flags
 
     monkeypatch.delenv(FLAGS_ENV, raising=False)
     assert holder_flags() == []

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from testbed.config.playbook import ImpairmentSection
-from testbed.errors import ImpairmentError
-from testbed.netem.probe import ProbeResult, summarize
-from testbed.netem.profile import LinkProfile
+from testbed.core.errors import ImpairmentError
+from testbed.links.probe import ProbeResult, summarize
 from testbed.runner.linkcheck import probe_checked
+from testbed.topo.profile import LinkProfile
 
 WANT = LinkProfile(rtt_ms=40)
 PROFILES = {"dev1": WANT}
@@ -126,7 +126,7 @@ def test_the_rtt_tolerance_is_wider_where_the_probe_timed_most_echoes_in_user_sp
 
 
 def test_a_probe_line_says_how_many_echoes_the_holder_stamped():
-    from testbed.netem.probe import format_result
+    from testbed.links.probe import format_result
 
     echoes = dict.fromkeys(range(50), 40.0)
     held = summarize("dev1", WANT, 50, list(range(50)), echoes, rx_user_space=2,

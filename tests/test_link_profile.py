@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed.errors import BadInputError, ImpairmentError
-from testbed.lab import EmulatedLab, LabSpec, SystemRunner
-from testbed.netem.nfqueue import holder_spec
-from testbed.netem.profile import GilbertElliott, LinkProfile, ScheduleStep
-from testbed.netem.schedule import timeline
-from testbed.netem.tcnetem import TcNetemBackend, netem_args
-from testbed.netem.trace import load_trace
+from testbed.core.errors import BadInputError, ImpairmentError
+from testbed.labs import EmulatedLab, LabSpec, SystemRunner
+from testbed.links.nfqueue import holder_spec
+from testbed.links.tcnetem import TcNetemBackend, netem_args
+from testbed.topo.profile import GilbertElliott, LinkProfile, ScheduleStep
+from testbed.topo.schedule import timeline
+from testbed.topo.trace import load_trace
 
 TRACES = Path(__file__).resolve().parent.parent / "topologies" / "traces"
 

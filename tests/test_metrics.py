@@ -9,11 +9,12 @@ import pyarrow as pa
 import pytest
 
 from agents.spec import rates
+from testbed.config.costs import CostTable, HostCost
+from testbed.config.slo import Slo
+from testbed.core.stats import wilson_interval
 from testbed.metrics import acceptance_rate, mean_accepted_length
-from testbed.metrics.cost import CostTable, HostCost
 from testbed.metrics.records import RECORDS, SCHEMAS, RoundRecord, schema_of
-from testbed.metrics.slo import Slo
-from testbed.metrics.stats import ConditionStats, wilson_interval
+from testbed.metrics.stats import ConditionStats
 from testbed.results.tables import typed_table
 
 
@@ -268,7 +269,7 @@ def test_typed_table_fills_gaps_with_the_field_default():
 def test_steal_is_read_from_the_cpu_line_in_ms(tmp_path):
     import os
 
-    from testbed.metrics.steal import steal_ms
+    from agents.steal import steal_ms
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  573372 612 170207 965307 7599 0 3841 315 0 0\ncpu0 1 2 3 4 5 6 7 8\n")
@@ -284,7 +285,7 @@ def test_steal_sampled_through_a_run_is_told_for_a_window_inside_it(tmp_path):
     import os
     import time
 
-    from testbed.metrics.steal import StealSampler
+    from agents.steal import StealSampler
 
     tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
     stat = tmp_path / "stat"

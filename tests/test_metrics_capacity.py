@@ -8,7 +8,7 @@ import json
 import pytest
 
 from testbed.config.playbook import load_playbook
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
 from testbed.results.store import RunStore
 from testbed.runner import capacity as capacity_module
 from testbed.runner.run import RunOutcome

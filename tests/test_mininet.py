@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from testbed.errors import LabError
-from testbed.lab.system import SystemRunner
+from testbed.core.errors import LabError
+from testbed.labs.system import SystemRunner
 
 
 @pytest.fixture
 def mininet_api():
-    from testbed.errors import PrivilegeError
-    from testbed.lab.mininet import import_mininet
+    from testbed.core.errors import PrivilegeError
+    from testbed.labs.mininet import import_mininet
 
     try:
         return import_mininet()
@@ -23,7 +23,7 @@ def mininet_api():
 
 
 def _spec(name: str, subnet: str, tmp_path: Path, devices: int = 2):
-    from testbed.lab.spec import LabSpec
+    from testbed.labs.spec import LabSpec
 
     return LabSpec.build(name=name, devices=devices, subnet=subnet, state_dir=str(tmp_path / "lab"))
 
@@ -38,7 +38,7 @@ def test_mininet_is_loaded_from_debian_folder_alone(mininet_api) -> None:
 
 
 def test_dry_run_prints_mininet_calls_and_lab_commands(tmp_path: Path) -> None:
-    from testbed.lab.mininet import MininetLab
+    from testbed.labs.mininet import MininetLab
 
     runner = SystemRunner(dry_run=True, echo=lambda _line: None)
     lab = MininetLab.up(_spec("hmdry", "10.85.4.0/24", tmp_path), runner=runner)
@@ -55,9 +55,9 @@ def test_mininet_lab_hosts_answer_over_ssh_and_leave_nothing(
     root_netns: None, mininet_api, tmp_path: Path
 ) -> None:
     from testbed.hosts.control import HostControl
-    from testbed.lab.clean import leftovers
-    from testbed.lab.discover import netns_pids
-    from testbed.lab.mininet import MininetLab
+    from testbed.labs.clean import leftovers
+    from testbed.labs.discover import netns_pids
+    from testbed.labs.mininet import MininetLab
 
     machine_wide = ("net/ipv4/tcp_rmem", "net/core/wmem_max", "kernel/pty/max")
     before = {k: Path("/proc/sys", k).read_text() for k in machine_wide}
@@ -93,8 +93,8 @@ def test_mininet_lab_hosts_answer_over_ssh_and_leave_nothing(
 
 def test_tclink_without_netem_is_detected(root_netns: None, mininet_api) -> None:
     """Whatever the kernel: a TCLink is reported bare exactly when netem cannot be added."""
-    from testbed.lab.mininet import missing_netem, require_netem
-    from testbed.netem.detect import netem_available
+    from testbed.labs.mininet import missing_netem, require_netem
+    from testbed.links.detect import netem_available
 
     net = mininet_api.net.Mininet(topo=None, controller=None, build=False)
     try:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from agents.engines.base import TokenizerMismatchError, check_same_tokenizer
 from agents.workloads.arithmetic import full_text, train_problems
 from testbed.commands.models import app
-from testbed.errors import BadInputError, ExitCode
+from testbed.core.errors import BadInputError, ExitCode
 from testbed.models import tiny
 from testbed.models.check import check_pair, resolve_model, resolve_pair
 from testbed.models.configs import DRAFT, ModelSpec

@@ -18,9 +18,9 @@ import pytest
 
 from agents.engines.factory import load_engine
 from agents.spec.decoding import generate_ad
-from testbed.lab import EmulatedLab, LabSpec
-from testbed.lab.clean import leftovers
-from testbed.lab.physical import describe_namespace_lab
+from testbed.labs import EmulatedLab, LabSpec
+from testbed.labs.clean import leftovers
+from testbed.labs.physical import describe_namespace_lab
 from testbed.metrics.stats import ConditionStats
 from testbed.results.store import RunStore
 from testbed.results.tables import typed_table

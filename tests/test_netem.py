@@ -15,10 +15,11 @@ from statistics import median
 import pytest
 from conftest import require_root_netns
 
-from testbed.errors import BadInputError, ImpairmentError, PrivilegeError
-from testbed.lab import EmulatedLab, LabSpec, SystemRunner
-from testbed.netem import LinkProfile, apply, clear, current, probe_link, stats, verify
-from testbed.netem.nfqueue import (
+from testbed.core import stats
+from testbed.core.errors import BadInputError, ImpairmentError, PrivilegeError
+from testbed.labs import EmulatedLab, LabSpec, SystemRunner
+from testbed.links.api import apply, clear, current, verify
+from testbed.links.nfqueue import (
     CHAIN_DOWN,
     CHAIN_UP,
     holder_tag,
@@ -27,9 +28,9 @@ from testbed.netem.nfqueue import (
     release_counts,
     restore_text,
 )
-from testbed.netem.probe import probe_packets, send_budget_s, summarize
-from testbed.netem.profile import GilbertElliott, ScheduleStep
-from testbed.netem.tcnetem import TcNetemBackend, netem_args
+from testbed.links.probe import probe_link, probe_packets, send_budget_s, summarize
+from testbed.links.tcnetem import TcNetemBackend, netem_args
+from testbed.topo.profile import GilbertElliott, LinkProfile, ScheduleStep
 
 # --- no root needed ------------------------------------------------------------------------
 
@@ -190,20 +191,19 @@ def test_probe_responder_reports_each_echos_send_lag_and_both_ends_their_send_ti
     import json
     import signal
     import subprocess
-    import sys
     import time
 
-    from testbed.netem.probe import SCRIPT
+    from testbed.links.probe import PROBE
 
     port = 47990
     echo = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "echo", "--bind", "127.0.0.1", "--port", str(port)],
+        [*PROBE, "echo", "--bind", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert echo.stdout is not None and echo.stdout.readline().strip() == "ready"
         sent = subprocess.run(
-            [sys.executable, str(SCRIPT), "send", "--dst", "127.0.0.1", "--port", str(port),
+            [*PROBE, "send", "--dst", "127.0.0.1", "--port", str(port),
              "--count", "50", "--interval-ms", "2", "--warmup-min-s", "0", "--warmup-max-s", "0.1"],
             capture_output=True, text=True, check=True, timeout=60,
         )  # fmt: skip
@@ -234,7 +234,7 @@ def test_probe_moves_kernel_wall_clock_stamps_to_the_monotonic_clock() -> None:
     import struct
     import time
 
-    from testbed.netem.udp_probe import SO_TIMESTAMPNS, _recv_time
+    from agents.link_probe import SO_TIMESTAMPNS, _recv_time
 
     wall = time.time_ns() - 2_000_000  # the kernel stamped it 2 ms ago, on the wall clock
     anc = [(socket.SOL_SOCKET, SO_TIMESTAMPNS, struct.pack("qq", *divmod(wall, 1_000_000_000)))]
@@ -250,7 +250,7 @@ def test_probe_takes_the_holders_release_stamp_after_an_ingress_hold() -> None:
     import struct
     import time
 
-    from testbed.netem.udp_probe import SO_TIMESTAMPNS, _recv_time
+    from agents.link_probe import SO_TIMESTAMPNS, _recv_time
 
     wall = time.time_ns() - 40_000_000  # arrival, before a 40 ms hold
     anc = [(socket.SOL_SOCKET, SO_TIMESTAMPNS, struct.pack("qq", *divmod(wall, 1_000_000_000)))]
@@ -331,7 +331,7 @@ def test_verify_refuses_a_dead_holder(clean_links: EmulatedLab) -> None:
 
 
 def test_clear_removes_rules_and_holder(lab: EmulatedLab) -> None:
-    from testbed.lab.discover import tagged_processes
+    from testbed.labs.discover import tagged_processes
 
     apply(lab, LinkProfile(rtt_ms=30, loss=0.1))
     clear(lab)
@@ -393,7 +393,7 @@ def test_each_releaser_alone_keeps_order_and_delay_and_says_who_released(lab: Em
     only what the main thread left waiting) and the main thread."""
     import os
 
-    from testbed.netem.holder_process import flags_for_holders
+    from testbed.links.holder_process import flags_for_holders
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("the backup releaser needs a second CPU")
@@ -446,8 +446,8 @@ def test_a_stopped_holder_is_held_up_and_the_round_trips_it_delayed_are_told_apa
     from dataclasses import replace
 
     from testbed.bench.link import LinkBench
-    from testbed.netem.calibrate import analyse
-    from testbed.netem.nfqueue import held_up, site_holder
+    from testbed.links.calibrate import analyse
+    from testbed.links.nfqueue import held_up, site_holder
 
     clear(lab)
     prof = LinkProfile(rtt_ms=20)
@@ -556,7 +556,7 @@ def test_profile_changes_live_without_restarting_the_holder(clean_links: Emulate
 
 
 def test_calibrate_measures_rate_limit_and_counts_both_sides(lab: EmulatedLab) -> None:
-    from testbed.netem.calibrate import calibrate
+    from testbed.links.calibrate import calibrate
 
     profiles = {"r5": LinkProfile(rtt_ms=10, rate_mbit=5), "l20": LinkProfile(rtt_ms=10, loss=0.2)}
     rows = calibrate(lab, profiles, ["dev2"], count=300, interval_ms=2, parallel=1)
@@ -574,7 +574,7 @@ def test_calibrate_measures_rate_limit_and_counts_both_sides(lab: EmulatedLab) -
 
 
 def test_holder_needs_a_compiler(tmp_path: Path, monkeypatch) -> None:
-    from testbed.netem import holder_build
+    from testbed.links import holder_build
 
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))  # nothing compiled there yet
     monkeypatch.setattr(holder_build.shutil, "which", lambda _name: None)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from testbed.config.playbook import expand, lab_playbook, load_playbook, playbook_topology
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -101,7 +101,7 @@ def test_lab_devices_rescales_a_one_class_fleet(tmp_path):
 
 def test_swept_device_count_builds_the_largest_lab_and_runs_the_first_n(tmp_path):
     from testbed.hosts.inventory import Inventory, InventoryHost
-    from testbed.runner.sled import condition_devices
+    from testbed.runner.context import condition_devices
 
     pb = load_playbook(write(tmp_path, "name: t\nsweep:\n  lab.devices: [1, 3, 2]\n"))
     assert lab_playbook(pb).lab.devices == 3

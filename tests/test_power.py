@@ -23,8 +23,9 @@ from agents.power import (
 )
 from agents.records import read_records
 from testbed.cli import app
-from testbed.metrics.cost import DEFAULT_CLASSES, CostTable, HostCost, load_cost_table
+from testbed.config.costs import DEFAULT_CLASSES, CostTable, HostCost, load_cost_table
 from testbed.metrics.stats import ConditionStats
+from testbed.results.store import ConditionFolder
 from testbed.results.tables import tables_from_records
 
 # `tegrastats` lines as the Jetson docs show them: Orin (JetPack 5/6, mW units, a date first)
@@ -166,7 +167,8 @@ def test_status_power_reaches_the_hosts_table(tmp_path):
     nominal = {"pi5": HostCost(price_per_hour=0, power_w=10),
                "a100": HostCost(price_per_hour=0, power_w=400)}  # fmt: skip
     table = CostTable(kwh_price=1.0, classes=nominal)
-    metrics = tables_from_records(tmp_path, "c", lambda r: r, costs=table, hosts_info=info)
+    metrics = tables_from_records(ConditionFolder(tmp_path), "c", lambda r: r, costs=table,
+                                  hosts_info=info)  # fmt: skip
     rows = pd.read_parquet(tmp_path / "hosts.parquet").set_index("dev")
     assert rows.loc["srv", "power_source"] == "nvidia-smi"
     assert rows.loc["srv", "t_end"] - rows.loc["srv", "t_start"] == pytest.approx(3.6)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed.lab.clean import leftovers
+from testbed.labs.clean import leftovers
 from testbed.results.store import RunStore
 
 REPO = Path(__file__).resolve().parent.parent

@@ -10,12 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from testbed.cli import app
+from testbed.core.files import atomic_replace
 from testbed.metrics.records import SCHEMAS
-from testbed.results.atomic import atomic_replace
 from testbed.results.manifest import model_digests
 from testbed.results.query import query, run_folders
 from testbed.results.report import write_condition_table
-from testbed.results.store import RunStore
+from testbed.results.store import ConditionFolder, RunStore
 from testbed.results.tables import tables_from_records
 
 
@@ -30,7 +30,7 @@ def make_run(base: Path, name: str, loss: float, fallback: int) -> Path:
     store = RunStore(base / name)
     store.create({"run_id": name, "playbook": {"name": "t", "topology": "star"},
                   "conditions": ["c00"]})  # fmt: skip
-    staged = store.staging("c00")
+    staged = store.staging("c00").root
     dev = staged / "hosts" / "d1"
     write_jsonl(dev / "rounds.jsonl", [
         {"dev": "d1", "problem": "p", "round": 0, "t_start": 1.0, "t_end": 1.5,
@@ -53,8 +53,8 @@ def make_run(base: Path, name: str, loss: float, fallback: int) -> Path:
     def score(df):
         return df.assign(strict_correct=True, flexible_correct=True, target_text="#### 5")
 
-    metrics = tables_from_records(staged, "c00", score)
-    store.commit("c00", staged, {"condition": "c00", "index": 0, "status": "done",
+    metrics = tables_from_records(ConditionFolder(staged), "c00", score)
+    store.commit("c00", ConditionFolder(staged), {"condition": "c00", "index": 0, "status": "done",
                                  "values": {"link.loss": loss}, "metrics": metrics})  # fmt: skip
     write_condition_table(store)
     return store.root

@@ -20,7 +20,7 @@ from testbed.hosts import dump_inventory, load_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 ANSIBLE = REPO / "ansible"
-HOLDER_C = REPO / "testbed" / "netem" / "holder.c"
+HOLDER_C = REPO / "testbed" / "links" / "holder.c"
 BIN = Path(sys.executable).parent
 VAULT_PASSWORD = "f-site-test-password"
 PROTOCOL_KEY = "f-site-test-protocol-key-0123456789abcdef"
@@ -122,7 +122,7 @@ def sha256(path: Path) -> str:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, tiny_pair) -> Iterator[Site]:
     require_root_netns()
-    from testbed.lab import EmulatedLab, LabSpec
+    from testbed.labs import EmulatedLab, LabSpec
 
     root = tmp_path_factory.mktemp("fsite")
     spec = LabSpec(name="fsite", devices=2, subnet="10.80.1.0/24", state_dir=root / "lab")
@@ -243,11 +243,11 @@ def test_smoke_run_on_lab_kind_inventory_uses_what_ansible_placed(
     and contacts no host; a run starts the agents on the model files Ansible placed and
     verified (facts/models.json), and its manifest records what it took from the facts."""
     from testbed.hosts import HostControl
-    from testbed.lab import LabSpec
-    from testbed.lab.physical import InventoryLab, describe_namespace_lab
-    from testbed.netem.api import apply, clear
-    from testbed.netem.profile import LinkProfile
+    from testbed.labs import LabSpec
+    from testbed.labs.physical import InventoryLab, describe_namespace_lab
+    from testbed.links.api import apply, clear
     from testbed.runner.run import execute
+    from testbed.topo.profile import LinkProfile
 
     hosts = list(load_inventory(site.inventory, site.password_file).hosts)
     facts = {

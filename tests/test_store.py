@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from testbed.results.atomic import append_json_line, atomic_write
+from testbed.core.files import append_json_line, atomic_write
 from testbed.results.store import RunStore
 
 
@@ -41,12 +41,12 @@ def test_staged_condition_appears_only_when_committed(tmp_path):
     store = RunStore(tmp_path)
     store.create({"run_id": "r"})
     staged = store.staging("c00")
-    (staged / "rows.json").write_text("[]")
+    staged.file("rows.json").write_text("[]")
     assert not store.condition_dir("c00").exists()
     # a crash now: the next attempt discards the partial folder and starts clean
     staged = store.staging("c00")
-    assert list(staged.iterdir()) == []
-    (staged / "rows.json").write_text("[1]")
+    assert list(staged.root.iterdir()) == []
+    staged.file("rows.json").write_text("[1]")
     store.commit("c00", staged, {"condition": "c00", "status": "done", "index": 0})
     assert json.loads((store.condition_dir("c00") / "rows.json").read_text()) == [1]
     assert store.finished() == {"c00"}
@@ -64,7 +64,7 @@ def test_a_resumed_run_expands_to_the_conditions_it_planned(tmp_path):
     """The saved playbook keeps the sweep's key order (it makes the condition ids), and a
     saved playbook that expands to other conditions is refused, not run again under new ids."""
     from testbed.config.playbook import expand, load_playbook, planned_ids
-    from testbed.errors import BadInputError
+    from testbed.core.errors import BadInputError
     from testbed.runner.run import check_same_conditions, playbook_for_resume, save_playbook
 
     source = tmp_path / "p.yaml"

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from testbed.lab.clean import leftovers
+from testbed.labs.clean import leftovers
 from testbed.results.store import RunStore
 from testbed.runner.run import execute
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from testbed.errors import BadInputError
-from testbed.netem.profile import LinkProfile
+from testbed.core.errors import BadInputError
 from testbed.topo.catalogue import load_catalogue
+from testbed.topo.classes import host_class, host_classes, load_host_classes
 from testbed.topo.files import load_topology
-from testbed.topo.hosts import host_class, host_classes, load_host_classes
-from testbed.topo.model import Topology
+from testbed.topo.profile import LinkProfile
+from testbed.topo.topology import Topology
 
 REPO = Path(__file__).resolve().parent.parent
 

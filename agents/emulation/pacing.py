@@ -138,9 +138,9 @@ class PacedEngine(Engine):
     def close(self, sid: int) -> None:
         self.inner.close(sid)
 
-    def warm_up(self) -> None:
+    def warm_up(self, max_batch: int = 2) -> None:
         """The wrapped engine's warm-up, unpaced and uncounted."""
-        self.inner.warm_up()
+        self.inner.warm_up(max_batch)
 
     def modelled_s(self, batch: Batch) -> float:
         """The emulated hardware's time for a forward of this shape (emulated seconds)."""

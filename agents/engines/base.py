@@ -96,15 +96,23 @@ class Engine(ABC):
     def close(self, sid: int) -> None:
         """Free session sid and its cache."""
 
-    def warm_up(self) -> None:
-        """Take once the paths a first request takes (a prefill, then a batched step of two
-        sessions), so lazy initialisation does not land on the first verification: a device
-        learns its first timeout from a HELLO, which does no compute."""
-        ids = self.tokenize("warm up")[:8] or [0]
-        sids = [self.open(), self.open()]
-        try:
-            self.score_batch({sid: ids for sid in sids})
-            self.score_batch({sid: ids[:1] for sid in sids})
-        finally:
-            for sid in sids:
-                self.close(sid)
+    def warm_up(self, max_batch: int = 2) -> None:
+        """Take once the paths first requests take (prefills, then batched steps) for batches
+        of 1, 2, 4, ... up to `max_batch` sessions, so lazy initialisation (a first forward of
+        a new shape is several times slower in PyTorch) does not land on a verification: a
+        device learns its first timeout from a HELLO, which does no compute, and an emulated
+        host's forward must not overrun the hardware it stands for on a first."""
+        ids = (self.tokenize("warm up the engine for the batches it will run") * 4)[:32] or [0]
+        batch = 1
+        while True:
+            sids = [self.open() for _ in range(min(batch, max_batch))]
+            try:
+                self.score_batch({sid: ids for sid in sids})
+                self.score_batch({sid: ids[:1] for sid in sids})
+                self.score_batch({sid: ids[:5] for sid in sids})
+            finally:
+                for sid in sids:
+                    self.close(sid)
+            if batch >= max_batch:
+                return
+            batch *= 2

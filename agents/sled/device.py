@@ -436,7 +436,8 @@ def load_problems(path: Path) -> list[dict[str, Any]]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The device agent's command line."""
     ap = argparse.ArgumentParser(description="SLED device agent (draft model).")
     ap.add_argument("--server", type=parse_address, help="server HOST:PORT (not device-only)")
     ap.add_argument("--dev", required=True, help="this device's name")
@@ -500,6 +501,11 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON from the controller: time dilation, and the hardware and draft model this "
         "host stands for (agents.emulation.settings)",
     )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.config:  # the file's settings become defaults; flags given explicitly win
         try:

@@ -116,7 +116,7 @@ class VerificationServer:
         """kv_queue: where VERIFYs and GENERATEs that do not fit the pool wait, in one line
         (the `queue` policy); None refuses them at once (the `refuse` policy)."""
         self.engine = engine
-        engine.warm_up()  # before the first device's round, whose timeout excludes compute
+        engine.warm_up(max_batch)  # before the first device's round, whose timeout excludes compute
         self.sock = sock
         self.key = key
         self.records = records

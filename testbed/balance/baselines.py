@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from testbed.balance.algorithm import schedule
-from testbed.balance.problem import AD, SD, UNSERVED, Instance, Schedule, is_feasible, schedule_of
+from agents.balance.algorithm import schedule
+from agents.balance.problem import AD, SD, UNSERVED, Instance, Schedule, is_feasible, schedule_of
 
 
 def ad_only(inst: Instance) -> Schedule:

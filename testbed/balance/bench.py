@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from testbed.balance.algorithm import schedule
+from agents.balance.algorithm import schedule
+from agents.balance.problem import Instance, Schedule, is_feasible
 from testbed.balance.baselines import ad_only, naive_greedy, sd_only
 from testbed.balance.exact import solve_exact
 from testbed.balance.instances import random_instance
-from testbed.balance.problem import Instance, Schedule, is_feasible
 
 POLICIES: dict[str, Callable[[Instance], Schedule]] = {
     "hybrid (ours)": schedule,

@@ -1,21 +1,18 @@
-"""Exact optima for small instances: an integer program (HiGHS) and exhaustive search.
+"""Exact optima for small instances: an integer program (HiGHS).
 
 The integer program has x[i, m] = 1 when user i is served in mode m and y[m] = 1 when mode m
-is open (its setup paid); x[i, m] <= y[m]. Exhaustive search enumerates all 3^n assignments
-and is the independent check of the integer program in the tests.
+is open (its setup paid); x[i, m] <= y[m]. Exhaustive search
+(`agents.balance.exhaustive`) enumerates all 3^n assignments and is its independent check in
+the tests.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_array, hstack, identity, vstack
 
-from testbed.balance.problem import AD, SD, UNSERVED, Instance, Schedule, is_feasible, schedule_of
-
-EXHAUSTIVE_LIMIT = 12  # 3^12 = 531,441 assignments
+from agents.balance.problem import UNSERVED, Instance, Schedule, schedule_of
 
 
 def solve_exact(inst: Instance, time_limit_s: float = 60.0) -> Schedule:
@@ -49,18 +46,3 @@ def solve_exact(inst: Instance, time_limit_s: float = 60.0) -> Schedule:
     x = np.round(res.x[:nx]).reshape(2, n).T
     modes = np.where(x[:, 0] > 0.5, 1, np.where(x[:, 1] > 0.5, 2, UNSERVED)).astype(np.int8)
     return schedule_of(inst, modes)
-
-
-def solve_exhaustive(inst: Instance, allowed: tuple[int, ...] = (AD, SD)) -> Schedule:
-    """An optimal schedule by trying every assignment (n <= EXHAUSTIVE_LIMIT)."""
-    n = len(inst)
-    if n > EXHAUSTIVE_LIMIT:
-        raise ValueError(f"exhaustive search takes at most {EXHAUSTIVE_LIMIT} users, got {n}")
-    best = np.zeros(n, dtype=np.int8)
-    best_served = 0
-    for combo in itertools.product((UNSERVED, *allowed), repeat=n):
-        modes = np.array(combo, dtype=np.int8)
-        served = int((modes != UNSERVED).sum())
-        if served > best_served and is_feasible(inst, modes):
-            best, best_served = modes, served
-    return schedule_of(inst, best)

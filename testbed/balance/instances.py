@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from testbed.balance.problem import Instance
+from agents.balance.problem import Instance
 
 
 def random_instance(rng: np.random.Generator, n: int) -> Instance:

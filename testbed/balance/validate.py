@@ -14,15 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.balance.costmodel import CostModel
-from testbed.balance.problem import Service, Users
-from testbed.balance.simulator import SimResult, Workload, serve, simulate
+from agents.balance.costmodel import CostModel
+from agents.balance.problem import Service, Users
+from agents.balance.serve import ServeResult, Workload, serve
+from testbed.balance.simulator import simulate
 
 
 @dataclass(frozen=True)
 class Comparison:
-    measured: SimResult
-    predicted: SimResult
+    measured: ServeResult
+    predicted: ServeResult
     latency_error: np.ndarray  # per user served by both: predicted / measured - 1
 
     @property

@@ -16,7 +16,7 @@ import pandas as pd
 import typer
 import yaml
 
-from testbed.paths import REPO_ROOT
+from testbed.core.paths import REPO_ROOT
 
 PLAYBOOK = REPO_ROOT / "experiments" / "time-dilation.yaml"
 

@@ -30,8 +30,8 @@ from agents.sled.device import DeviceAgent, DeviceConfig
 from agents.sled.link import ServerLink
 from agents.sled.server import VerificationServer
 from agents.spec.decoding import generate_ad
+from agents.spec.speedup import run_sd_bench
 from agents.workloads.arithmetic import heldout_problems, prompt
-from testbed.bench.sd import run_sd_bench
 from testbed.bench.verify import time_batches
 
 

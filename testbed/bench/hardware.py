@@ -350,8 +350,8 @@ def rewrite(text: str, fits: dict[str, dict[str, float]], live: Live | None) -> 
 
 def write_catalogue(cat: Catalogue, fits: dict[str, dict[str, float]], live: Live | None) -> None:
     """Rewrite the catalogue file (validated before it replaces the old one)."""
-    from testbed.config.loading import parse_yaml, validate
-    from testbed.results.atomic import atomic_replace
+    from testbed.core.files import atomic_replace
+    from testbed.core.loading import parse_yaml, validate
 
     text = rewrite(cat.path.read_text(), fits, live)
     validate(CatalogueFile, parse_yaml(text, cat.source), cat.source)

@@ -24,15 +24,15 @@ import time
 
 import typer
 
+from agents.failover import socket_in
 from testbed.hosts.control import HostControl
-from testbed.lab.backup import build_backup, read_failovers, start_monitor
-from testbed.lab.drafting_rate import measure_drafting_rate
-from testbed.lab.emulated import EmulatedLab
-from testbed.lab.failover import socket_in
-from testbed.lab.spec import LabSpec
+from testbed.labs.backup import build_backup, read_failovers, start_monitor
+from testbed.labs.drafting_rate import measure_drafting_rate
+from testbed.labs.emulated import EmulatedLab
+from testbed.labs.spec import LabSpec
 from testbed.models.tiny import ensure_tiny_pair
-from testbed.netem.profile import LinkProfile
-from testbed.topo.model import TopoHost, TopoLink, Topology
+from testbed.topo.profile import LinkProfile
+from testbed.topo.topology import TopoHost, TopoLink, Topology
 
 SUBNET = os.environ.get("TESTBED_BENCH_SUBNET", "10.85.20.0/24")
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from testbed.lab.interface import LinkSite
-from testbed.metrics.steal import StealSampler
-from testbed.netem.calibrate import Calibration, LossVerdict, calibrate, loss_verdict
-from testbed.netem.holder_process import HeldUp, ReleaseCounts, flags_for_holders
-from testbed.netem.nfqueue import held_up, release_counts
-from testbed.netem.profile import LinkProfile
+from agents.steal import StealSampler
+from testbed.labs.interface import LinkSite
+from testbed.links.calibrate import Calibration, LossVerdict, calibrate, loss_verdict
+from testbed.links.holder_process import HeldUp, ReleaseCounts, flags_for_holders
+from testbed.links.nfqueue import held_up, release_counts
+from testbed.topo.profile import LinkProfile
 
 LOSSES = (0.0, 0.01, 0.05, 0.1, 0.5, 1.0)
 GOAL_MEDIAN_MS, GOAL_P99_MS = 0.2, 0.5

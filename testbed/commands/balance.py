@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING
 import typer
 
 from testbed.commands.number_lists import numbers
-from testbed.errors import TestbedError
+from testbed.core.errors import TestbedError
 
 if TYPE_CHECKING:
-    from testbed.balance.costmodel import CostModel, StepCost
+    from agents.balance.costmodel import CostModel, StepCost
 
 
 def _load_cost(path: Path) -> CostModel:
     """The cost model at path; a bad file exits with BAD_INPUT and the reason."""
-    from testbed.balance.costmodel import load_cost_model
+    from testbed.balance.cost_file import read_cost_model
 
     try:
-        return load_cost_model(path)
+        return read_cost_model(path)
     except TestbedError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(exc.exit_code) from None
@@ -86,8 +86,8 @@ def profile(
     ),
 ) -> None:
     """Measure the BALANCE cost model on this host with the tiny pair and store it as JSON."""
+    from agents.balance.profile import measure_cost_model
     from agents.emulation.settings import EmulationError, load_emulation
-    from testbed.balance.profile import measure_cost_model
     from testbed.models.tiny import ensure_tiny_pair
 
     try:
@@ -153,8 +153,9 @@ def bench_balance_sim(
     single mode, and the last line counts the points."""
     import numpy as np
 
-    from testbed.balance.problem import default_service
-    from testbed.balance.simulator import POLICY_MODES, random_workload, simulate
+    from agents.balance.problem import default_service
+    from agents.balance.serve import POLICY_MODES
+    from testbed.balance.simulator import random_workload, simulate
     from testbed.results.policy_comparison import standing
 
     seed_list = numbers(seeds, "--seeds", int, 0)
@@ -201,8 +202,8 @@ def bench_balance_check(
     """The simulator against the real engine on the tiny pair; KV accounting against RSS."""
     import numpy as np
 
-    from testbed.balance.problem import default_service
-    from testbed.balance.simulator import POLICY_MODES
+    from agents.balance.problem import default_service
+    from agents.balance.serve import POLICY_MODES
     from testbed.balance.validate import check_memory, compare_with_engine
     from testbed.models.tiny import ensure_tiny_pair
 

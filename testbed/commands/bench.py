@@ -27,8 +27,8 @@ def sd(
 ) -> None:
     """AD vs SD on the tiny pair: acceptance, accepted length, speedup vs the analytic bound."""
     from agents.engines.factory import load_engine
+    from agents.spec.speedup import run_sd_bench
     from agents.workloads.arithmetic import heldout_problems, prompt
-    from testbed.bench.sd import run_sd_bench
     from testbed.models.tiny import ensure_tiny_pair
 
     pair = ensure_tiny_pair()
@@ -120,7 +120,7 @@ def hardware(
 
     from testbed.bench.hardware import run
     from testbed.bench.pacing import run_pacing
-    from testbed.errors import ExitCode, TestbedError
+    from testbed.core.errors import ExitCode, TestbedError
     from testbed.topo.catalogue import DEFAULT_PATH
 
     if write and not fit:

@@ -13,7 +13,7 @@ from testbed.commands.lab_options import DevicesOpt, InventoryOpt, NameOpt, Stat
 
 if TYPE_CHECKING:
     from testbed.bench.link import ProfileTail
-    from testbed.netem.calibrate import Calibration, LossVerdict
+    from testbed.links.calibrate import Calibration, LossVerdict
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
@@ -91,7 +91,7 @@ def calibrate(
     """Apply each profile, count packets on both sides of the hop, compare with the model (on a
     namespace lab, or with --inventory a physical lab's links)."""
     from testbed.commands.lab import _guard, _site
-    from testbed.netem.calibrate import (
+    from testbed.links.calibrate import (
         DEFAULT_PROFILES,
         calibrate,
         load_profiles,
@@ -156,7 +156,7 @@ def link(
         run_link_bench,
     )
     from testbed.commands.lab import _guard
-    from testbed.lab import EmulatedLab, LabSpec
+    from testbed.labs import EmulatedLab, LabSpec
 
     with _guard():
         t0 = time.monotonic()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from testbed.errors import TestbedError
+from testbed.core.errors import TestbedError
 
 
 def capacity(
@@ -22,7 +22,7 @@ def capacity(
     """Bisect the device count; print each probe's figure and the capacity."""
     import time
 
-    from testbed.paths import results_dir
+    from testbed.core.paths import results_dir
     from testbed.runner.capacity import run_capacity
 
     folder = out or results_dir() / f"capacity-{playbook.stem}-{time.strftime('%Y%m%d-%H%M%S')}"

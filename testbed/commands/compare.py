@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from testbed.errors import ExitCode
+from testbed.core.errors import ExitCode
 
 
 def compare(
@@ -22,7 +22,7 @@ def compare(
     from rich.table import Table
 
     from testbed.commands.report import resolve_run
-    from testbed.errors import TestbedError
+    from testbed.core.errors import TestbedError
     from testbed.report.compare import compare_runs, load_tolerances
     from testbed.report.data import load_run
 

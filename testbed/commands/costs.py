@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from testbed.errors import TestbedError
+from testbed.core.errors import TestbedError
 
 
 def costs(
@@ -16,7 +16,7 @@ def costs(
 ) -> None:
     """Print each host class's amortized price, nominal power and cost per hour, and where
     each figure comes from (the built-in defaults or FILE)."""
-    from testbed.metrics.cost import CostTable, read_cost_file, with_defaults
+    from testbed.config.costs import CostTable, read_cost_file, with_defaults
 
     try:
         given = read_cost_file(file) if file else None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from testbed.errors import ExitCode
+from testbed.core.errors import ExitCode
 
 
 def dashboard(
@@ -23,8 +23,8 @@ def dashboard(
 
     The pages open from disk (no server, no internet); --serve also serves them locally.
     """
-    from testbed.errors import TestbedError
-    from testbed.paths import results_dir
+    from testbed.core.errors import TestbedError
+    from testbed.core.paths import results_dir
     from testbed.report.compare import load_tolerances
     from testbed.report.dashboard import write_index, write_run_page
     from testbed.report.data import load_run, run_folders

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from testbed.commands.lab_options import DevicesOpt, DryOpt, InventoryOpt, NameOpt, StateOpt
-from testbed.errors import ExitCode, TestbedError
+from testbed.core.errors import ExitCode, TestbedError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from testbed.lab import EmulatedLab, LinkSite
+    from testbed.labs import EmulatedLab, LinkSite
 
 app = typer.Typer(
     help="The emulated lab: network namespaces on a bridge, an sshd per host.",
@@ -45,13 +45,13 @@ def _guard() -> Iterator[None]:
 
 
 def _runner(dry_run: bool) -> Any:
-    from testbed.lab import SystemRunner
+    from testbed.labs import SystemRunner
 
     return SystemRunner(dry_run=dry_run)
 
 
 def _load(name: str, state_dir: Path | None, dry_run: bool = False) -> EmulatedLab:
-    from testbed.lab import EmulatedLab
+    from testbed.labs import EmulatedLab
 
     return EmulatedLab.find(name, state_dir, runner=_runner(dry_run))
 
@@ -61,9 +61,9 @@ def _site(name: str, state_dir: Path | None, inventory: Path | None, dry_run: bo
     if inventory is None:
         return _load(name, state_dir, dry_run)
     from testbed.hosts.inventory import load_inventory
-    from testbed.lab import LabSpec
-    from testbed.lab.physical import InventoryLab, inventory_topology
-    from testbed.netem import LinkProfile
+    from testbed.labs import LabSpec
+    from testbed.labs.physical import InventoryLab, inventory_topology
+    from testbed.topo.profile import LinkProfile
 
     topo = inventory_topology(load_inventory(inventory), LinkProfile())
     spec = LabSpec.build("--inventory", name=name, topology=topo, inventory=inventory,
@@ -107,7 +107,7 @@ def up(
 ) -> None:
     """Create the lab: one namespace and sshd per host, a bridge, the controller attached."""
     with _guard():
-        from testbed.lab import EmulatedLab, LabSpec
+        from testbed.labs import EmulatedLab, LabSpec
         from testbed.topo.files import load_topology
 
         fields: dict[str, Any] = {"name": name, "subnet": subnet, "state_dir": state_dir}
@@ -131,7 +131,7 @@ def up(
 def status(name: NameOpt = "lab", state_dir: StateOpt = None) -> None:
     """Show the lab's hosts as found on the system; exit 3 if anything is missing."""
     with _guard():
-        from testbed.netem import current
+        from testbed.links.api import current
 
         lab = _load(name, state_dir)
         st = lab.status()
@@ -185,7 +185,7 @@ def clean(
 ) -> None:
     """Remove leftovers of crashed labs (namespaces, links, sshd/holders), with no state needed."""
     with _guard():
-        from testbed.lab import clean_all
+        from testbed.labs import clean_all
 
         removed = clean_all(name, runner=_runner(dry_run))
         if dry_run:
@@ -222,7 +222,9 @@ def impair(
 ) -> None:
     """Impair the device <-> server links (controller traffic is never impaired)."""
     with _guard():
-        from testbed.netem import LinkProfile, apply, format_result, probe_links
+        from testbed.links.api import apply
+        from testbed.links.probe import format_result, probe_links
+        from testbed.topo.profile import LinkProfile
 
         options = dict(rtt_ms=rtt, jitter_ms=jitter, loss=loss, loss_up=loss_up,
                        loss_down=loss_down, rate_mbit=rate, seed=seed)  # fmt: skip
@@ -243,9 +245,9 @@ def impair(
 
 def _profile_from_file(path: Path, options: dict[str, Any]) -> Any:
     """The LinkProfile in a YAML file; the link options must then be left at their defaults."""
-    from testbed.config.loading import read_yaml
-    from testbed.errors import BadInputError
-    from testbed.netem import LinkProfile
+    from testbed.core.errors import BadInputError
+    from testbed.core.loading import read_yaml
+    from testbed.topo.profile import LinkProfile
 
     defaults = {"rtt_ms": 85.0, "jitter_ms": 0.0, "loss": 0.0}
     given = [k for k, v in options.items() if v != defaults.get(k)]
@@ -269,7 +271,7 @@ def clear_cmd(
 ) -> None:
     """Remove the impairment (of the given devices, default all)."""
     with _guard():
-        from testbed.netem import clear
+        from testbed.links.api import clear
 
         left = clear(_site(name, state_dir, inventory, dry_run), device)
         if not dry_run:
@@ -288,7 +290,7 @@ def probe_cmd(
 ) -> None:
     """Measure RTT and per-direction loss of device links against the applied profile."""
     with _guard():
-        from testbed.netem import format_result, probe_links
+        from testbed.links.probe import format_result, probe_links
 
         site = _site(name, state_dir, inventory, False)
         results = probe_links(site, device, count=count, interval_ms=interval)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from testbed.errors import ExitCode
+from testbed.core.errors import ExitCode
 
 app = typer.Typer(
     help="Models: build the tiny draft/target pair, check a pair across both engines.",
@@ -80,7 +80,7 @@ def check(
     from rich.console import Console
 
     from agents.engines.base import TokenizerMismatchError
-    from testbed.errors import BadInputError
+    from testbed.core.errors import BadInputError
     from testbed.models.check import check_pair, render, sources
 
     console = Console()

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import typer
 
-from testbed.errors import ExitCode
+from testbed.core.errors import ExitCode
 
 
 def resolve_run(run: str) -> Path:
     """A run folder given as a path or as a run id under results/."""
-    from testbed.paths import results_dir
+    from testbed.core.paths import results_dir
 
     path = Path(run)
     if not path.exists():

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import typer
 
-from testbed.errors import ExitCode
+from testbed.core.errors import ExitCode
 
 app = typer.Typer(help="List runs, show one, query one or all of them with SQL (DuckDB).")
 
 
 def _base() -> Path:
-    from testbed.paths import results_dir
+    from testbed.core.paths import results_dir
 
     return results_dir()
 

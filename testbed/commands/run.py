@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from testbed.errors import ExitCode, TestbedError
+from testbed.core.errors import ExitCode, TestbedError
 
 
 def run(
@@ -37,9 +37,8 @@ def run(
         TimeRemainingColumn,
     )
 
-    from testbed.results.report import condition_frame, print_summary
+    from testbed.results.report import condition_frame, describe_condition, print_summary
     from testbed.runner.run import execute
-    from testbed.runner.sled import describe_condition
 
     console = Console()
     progress = Progress(

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from testbed.config.playbook import DEFAULT_MAX_CONDITIONS
-from testbed.errors import TestbedError
+from testbed.core.errors import TestbedError
 
 FULL_CHECK = 10_000  # up to this many conditions, validate resolves every one
 

@@ -15,17 +15,18 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from testbed.config.loading import read_yaml, validate
-from testbed.errors import BadInputError
-from testbed.metrics.slo import Slo
-from testbed.netem.profile import LinkProfile
-
-if TYPE_CHECKING:
-    from testbed.topo.model import Topology
+from testbed.config.costs import load_cost_table
+from testbed.config.slo import Slo
+from testbed.core.errors import BadInputError
+from testbed.core.loading import read_yaml, validate
+from testbed.core.paths import REPO_ROOT
+from testbed.topo.files import load_topology
+from testbed.topo.profile import LinkProfile
+from testbed.topo.topology import Topology
 
 # Settings fixed for a whole run (the lab, the models, the topology): sweeping them would need
 # a new lab or new models per condition, so a sweep naming them is refused. The one exception
@@ -50,7 +51,7 @@ TINY_TARGET_AS = "tiny-target@f32"
 
 
 class LabSection(Strict):
-    """Which lab kind runs the playbook (see `testbed.lab.kinds`) and how many devices."""
+    """Which lab kind runs the playbook (see `testbed.labs.kinds`) and how many devices."""
 
     kind: Literal["namespaces", "mininet", "inventory"] = "namespaces"
     devices: int | None = Field(
@@ -141,42 +142,65 @@ class WorkloadSection(Strict):
         return self
 
 
+def device_setting(default: Any, flag: str | None = None, **field: Any) -> Any:
+    """A SLED setting the device agent takes (`agents.sled.device --<name>`, or `flag`)."""
+    return Field(default, json_schema_extra={"agent": "device", "flag": flag}, **field)
+
+
+def server_setting(default: Any, flag: str | None = None, **field: Any) -> Any:
+    """A SLED setting the verification server takes (`agents.sled.server --<name>`)."""
+    return Field(default, json_schema_extra={"agent": "server", "flag": flag}, **field)
+
+
 class SledSection(Strict):
     """The agents' settings (device: drafting, timeouts, redundancy, sampling; server:
-    batching and KV budget); each maps to the agent flag of the same name."""
+    batching and KV budget). Each is declared once, here, with the agent that takes it: the
+    runner passes it as the agent's flag of the same name (`testbed.runner.agents`)."""
 
-    draft_len: int = Field(4, ge=1, le=64, description="fixed policy: tokens per draft")
-    draft_policy: Literal["fixed", "adaptive"] = "fixed"
-    draft_min: int = Field(3, ge=1, le=64, description="adaptive: shortest draft")
-    draft_max: int = Field(8, ge=1, le=64, description="adaptive: longest draft")
-    target_acceptance: float = Field(0.75, gt=0, lt=1, description="adaptive: acceptance aimed at")
-    timeout_ms: float = Field(200.0, gt=0)
-    timeout_policy: Literal["fixed", "adaptive"] = "fixed"
-    timeout_min_ms: float = Field(20.0, gt=0, description="adaptive timeout: floor")
-    timeout_max_ms: float = Field(1000.0, gt=0, description="adaptive timeout: ceiling")
-    retries: int = Field(3, ge=0)
-    copies: int = Field(1, ge=1, le=4, description="redundant sends of each draft and verdict")
-    retry_confidence: float = Field(
+    draft_len: int = device_setting(4, ge=1, le=64, description="fixed policy: tokens per draft")
+    draft_policy: Literal["fixed", "adaptive"] = device_setting("fixed")
+    draft_min: int = device_setting(3, ge=1, le=64, description="adaptive: shortest draft")
+    draft_max: int = device_setting(8, ge=1, le=64, description="adaptive: longest draft")
+    target_acceptance: float = device_setting(
+        0.75, gt=0, lt=1, description="adaptive: acceptance aimed at"
+    )
+    timeout_ms: float = device_setting(200.0, gt=0)
+    timeout_policy: Literal["fixed", "adaptive"] = device_setting("fixed")
+    timeout_min_ms: float = device_setting(20.0, gt=0, description="adaptive timeout: floor")
+    timeout_max_ms: float = device_setting(1000.0, gt=0, description="adaptive timeout: ceiling")
+    retries: int = device_setting(3, ge=0)
+    copies: int = device_setting(
+        1, ge=1, le=4, description="redundant sends of each draft and verdict"
+    )
+    retry_confidence: float = device_setting(
         0.0, ge=0, lt=1, description="a retry sends only the drafts at least this confident"
     )
-    lookahead: int = Field(0, ge=0, le=64, description="tokens drafted ahead while in flight")
-    min_confidence: float = Field(0.0, ge=0, lt=1, description="stop a draft below this")
-    temperature: float = Field(0.0, ge=0, description="0: greedy; else sampled SD")
-    top_k: int = Field(32, ge=1, description="sampling: draft from the top k")
-    probe_ms: float = Field(200.0, gt=0)
-    max_batch: int = Field(16, ge=1)
-    batch_strategy: Literal["arrival", "best_fit"] = "arrival"
-    window_ms: float = Field(2.0, ge=0)
-    kv_cache_tokens: int | None = Field(None, ge=1, description="server KV pool budget")
-    max_seq_length: int | None = Field(None, ge=8, description="longest session, tokens")
-    max_seq_policy: Literal["truncate", "refuse"] = "truncate"
-    kv_policy: Literal["refuse", "queue"] = "refuse"
-    kv_queue_max: int = Field(64, ge=1, description="queue policy: requests waiting at most")
-    kv_queue_timeout_s: float = Field(10.0, gt=0, description="queue policy: longest wait")
-    prefill_chunk: int | None = Field(None, ge=1, description="server: new tokens per forward")
-    idle_s: float = Field(120.0, gt=0, description="server: expire sessions idle this long")
-    server_threads: int = Field(1, ge=1)
-    device_threads: int = Field(1, ge=1)
+    lookahead: int = device_setting(
+        0, ge=0, le=64, description="tokens drafted ahead while in flight"
+    )
+    min_confidence: float = device_setting(0.0, ge=0, lt=1, description="stop a draft below this")
+    temperature: float = device_setting(0.0, ge=0, description="0: greedy; else sampled SD")
+    top_k: int = device_setting(32, ge=1, description="sampling: draft from the top k")
+    probe_ms: float = device_setting(200.0, gt=0)
+    max_batch: int = server_setting(16, ge=1)
+    batch_strategy: Literal["arrival", "best_fit"] = server_setting("arrival")
+    window_ms: float = server_setting(2.0, ge=0)
+    kv_cache_tokens: int | None = server_setting(None, ge=1, description="server KV pool budget")
+    max_seq_length: int | None = server_setting(None, ge=8, description="longest session, tokens")
+    max_seq_policy: Literal["truncate", "refuse"] = server_setting("truncate")
+    kv_policy: Literal["refuse", "queue"] = server_setting("refuse")
+    kv_queue_max: int = server_setting(
+        64, ge=1, description="queue policy: requests waiting at most"
+    )
+    kv_queue_timeout_s: float = server_setting(10.0, gt=0, description="queue policy: longest wait")
+    prefill_chunk: int | None = server_setting(
+        None, ge=1, description="server: new tokens per forward"
+    )
+    idle_s: float = server_setting(
+        120.0, gt=0, description="server: expire sessions idle this long"
+    )
+    server_threads: int = server_setting(1, "--threads", ge=1)
+    device_threads: int = device_setting(1, "--threads", ge=1)
 
     @model_validator(mode="after")
     def _ranges_ordered(self) -> SledSection:
@@ -458,8 +482,6 @@ def expand(
 
 def find_topology(name: object, source: Path) -> Path:
     """The topology file a playbook names: beside the playbook, else in the repository."""
-    from testbed.paths import REPO_ROOT
-
     if not isinstance(name, str):
         raise BadInputError(f"{source}: topology: expected a path to a topology file")
     candidates = [source.parent / name, REPO_ROOT / name]
@@ -474,8 +496,6 @@ def find_topology(name: object, source: Path) -> Path:
 def apply_topology(data: dict[str, Any], source: Path) -> None:
     """Resolve `topology` to its file and fill `link` fields the playbook does not set from the
     topology's primary profile (the first device's)."""
-    from testbed.topo.files import load_topology
-
     found = find_topology(data["topology"], source)
     data["topology"] = str(found)
     topo = load_topology(found)
@@ -490,9 +510,6 @@ def apply_topology(data: dict[str, Any], source: Path) -> None:
 def playbook_topology(pb: Playbook, source: str = "playbook") -> Topology:
     """The topology a playbook runs on: its file (or a star of 2), rescaled to `lab.devices`,
     with every primary link set to the playbook's `link` profile."""
-    from testbed.topo.files import load_topology
-    from testbed.topo.model import Topology
-
     topo = load_topology(pb.topology) if pb.topology else Topology.star(2)
     if pb.lab.devices is not None:
         try:
@@ -541,7 +558,5 @@ def load_playbook(path: str | Path) -> Playbook:
     if pb.workload.kind == "gsm8k" and not pb.workload.gsm8k_path:
         raise BadInputError(f"{path}: workload.gsm8k_path: required when workload.kind is gsm8k")
     if pb.costs:  # checked now, not after the first condition
-        from testbed.metrics.cost import load_cost_table
-
         load_cost_table(Path(pb.costs))
     return pb

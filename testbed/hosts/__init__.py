@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from testbed.hosts.control import HostControl, RemoteProcess, RunResult
-from testbed.hosts.group import GroupError, GroupResult
+from testbed.core.fanout import GroupError, GroupResult
+from testbed.hosts.control import HostControl, RemoteProcess
 from testbed.hosts.inventory import Inventory, InventoryHost, dump_inventory, load_inventory
 
 __all__ = [
@@ -13,7 +13,6 @@ __all__ = [
     "Inventory",
     "InventoryHost",
     "RemoteProcess",
-    "RunResult",
     "dump_inventory",
     "load_inventory",
 ]

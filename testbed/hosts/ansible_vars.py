@@ -25,9 +25,9 @@ from ansible.parsing.vault import EncryptedString, VaultHelper, VaultLib, get_fi
 from ansible.template import Templar
 from ansible.vars.manager import VariableManager
 
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
 from testbed.hosts.inventory import FIELD_OF, GROUP_OF, ROLE_GROUPS
-from testbed.topo.hosts import Role
+from testbed.topo.classes import Role
 
 # Variables Ansible adds to every host itself (not set by the lab).
 _MAGIC_VARS = frozenset(

@@ -22,28 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from testbed.errors import AgentError, BadInputError
-from testbed.hosts.group import GroupResult, raise_failures, run_in_threads
+from testbed.core.command import CommandResult
+from testbed.core.errors import AgentError, BadInputError
+from testbed.core.fanout import GroupResult, fan_out, raise_failures
 from testbed.hosts.inventory import Inventory, InventoryHost
 
 T = TypeVar("T")
 PROC_DIR = ".testbed"
 """Per-host folder (inside the workdir) holding background processes' pid/log/rc files."""
-
-
-@dataclass
-class RunResult:
-    """Outcome of one remote command (empty output and rc 0 for a dry-run action)."""
-
-    host: str
-    command: str
-    returncode: int
-    stdout: str = ""
-    stderr: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
 
 
 @dataclass(frozen=True)
@@ -185,7 +171,7 @@ class HostControl:
             self.echo(f"[dry-run] {line}")
         return self.dry_run
 
-    def _exec(self, h: InventoryHost, full: str, timeout: float | None = None) -> RunResult:
+    def _exec(self, h: InventoryHost, full: str, timeout: float | None = None) -> CommandResult:
         """Run `full` on `h` over SSH (no record, no check); AgentError naming the host."""
         from invoke.exceptions import CommandTimedOut
 
@@ -204,7 +190,7 @@ class HostControl:
             raise AgentError(f"{h.name}: timed out after {timeout} s: {full}") from exc
         except Exception as exc:  # paramiko/socket errors: name the host
             raise AgentError(f"{h.name} ({h.address}): cannot run {full!r}: {exc}") from exc
-        return RunResult(h.name, full, res.exited, res.stdout, res.stderr)
+        return CommandResult(full, res.exited, res.stdout, res.stderr, h.name)
 
     def run(
         self,
@@ -215,12 +201,12 @@ class HostControl:
         cwd: str | None = None,
         timeout: float | None = None,
         check: bool = True,
-    ) -> RunResult:
+    ) -> CommandResult:
         """Run a shell command on `host` (in `cwd`, default its workdir); output captured."""
         h = self.host(host)
         full = f"cd {remote_path(cwd or h.workdir)} && {env_prefix(env)}{command}"
         if self._note(h, full):
-            return RunResult(h.name, full, 0)
+            return CommandResult(full, 0, host=h.name)
         out = self._exec(h, full, timeout)
         if check and not out.ok:
             raise AgentError(
@@ -241,18 +227,18 @@ class HostControl:
     ) -> GroupResult:
         """Run `command` on every host (default: all) in parallel, like Fabric's `Group.run`.
 
-        Returns host -> RunResult. A host that cannot run it (or, with `check`, exits non-zero)
+        Returns host -> CommandResult. A host that cannot run it (or, with `check`, exits non-zero)
         is a failure: GroupError, whose `.result` keeps the successes and each failure.
         """
 
-        def one(h: InventoryHost) -> RunResult:
+        def one(h: InventoryHost) -> CommandResult:
             out = self.run(h, command, env=env, timeout=timeout, check=False)
             if check and not out.ok:
                 raise AgentError(f"{h.name}: exit {out.returncode} {out.stderr.strip()[-300:]}")
             return out
 
         return raise_failures(
-            repr(command), run_in_threads(one, self._targets(hosts), max_workers=max_workers)
+            repr(command), fan_out(one, self._targets(hosts), max_workers=max_workers)
         )
 
     def parallel(
@@ -264,9 +250,7 @@ class HostControl:
         what: str = "action",
     ) -> GroupResult:
         """`fn(host)` for each host (default: all) in threads: host -> result, or GroupError."""
-        return raise_failures(
-            what, run_in_threads(fn, self._targets(hosts), max_workers=max_workers)
-        )
+        return raise_failures(what, fan_out(fn, self._targets(hosts), max_workers=max_workers))
 
     def _targets(self, hosts: Iterable[str | InventoryHost] | None) -> list[InventoryHost]:
         return [self.host(h) for h in (hosts if hosts is not None else self.inventory.hosts)]
@@ -291,9 +275,7 @@ class HostControl:
 
     def stop_all(self, procs: Iterable[RemoteProcess], grace_s: float = 5.0) -> GroupResult:
         """Stop several processes in parallel; "host/name" -> whether it had to be killed."""
-        result = run_in_threads(
-            lambda p: self.stop(p, grace_s), procs, lambda p: f"{p.host}/{p.name}"
-        )
+        result = fan_out(lambda p: self.stop(p, grace_s), procs, lambda p: f"{p.host}/{p.name}")
         return raise_failures("stopping", result)
 
     # --- background processes --------------------------------------------------------------

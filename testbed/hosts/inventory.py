@@ -31,8 +31,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from testbed.errors import BadInputError
-from testbed.topo.hosts import Role
+from testbed.core.errors import BadInputError
+from testbed.topo.classes import Role
 
 ROLE_GROUPS: dict[str, Role] = {
     "verifiers": "server",

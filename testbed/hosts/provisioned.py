@@ -8,7 +8,7 @@ The Ansible roles write `<workdir>/facts/*.json` on every host they provision:
                   `netem_build_holder: always`) "holder_path": path, "holder_source_sha256"
     models.json   drafters: {"draft_model": path, ...}; verifiers: {"target_model": path, ...}
 
-A run on lab kind `inventory` reads these itself: `InventoryLab.up` (testbed.lab.physical)
+A run on lab kind `inventory` reads these itself: `InventoryLab.up` (testbed.labs.physical)
 calls `with_provisioned_facts` for the lab's hosts, which turns models.json and netem.json
 into the host variables the lab and the runner read (`draft_model`, `target_model`,
 `holder_path`), so the agents start on the files Ansible placed and verified, and each host
@@ -27,9 +27,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.errors import AgentError
+from testbed.core.errors import AgentError
+from testbed.core.fanout import GroupResult, fan_out, raise_failures
 from testbed.hosts.control import HostControl, remote_path
-from testbed.hosts.group import GroupResult, raise_failures, run_in_threads
 from testbed.hosts.inventory import Inventory, InventoryHost
 
 FACTS_DIR = "facts"
@@ -95,7 +95,7 @@ def read_facts(
         return parse_facts(h.name, path, res.stdout, keys)
 
     targets = [hc.host(h) for h in (hosts if hosts is not None else hc.inventory.hosts)]
-    return raise_failures(f"reading facts/{name}.json", run_in_threads(one, targets))
+    return raise_failures(f"reading facts/{name}.json", fan_out(one, targets))
 
 
 @dataclass(frozen=True)

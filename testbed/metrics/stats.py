@@ -23,28 +23,14 @@ import numpy as np
 import pandas as pd
 
 from agents.spec.rates import acceptance_rate, mean_accepted_length
-from testbed.metrics.cost import CostTable
-from testbed.metrics.slo import Slo
+from testbed.config.costs import CostTable
+from testbed.config.slo import Slo
+from testbed.core.stats import percentile, wilson_interval
 
 PERCENTILES = (50, 90, 99)
 MAX_BEHIND_SHARE = 0.01  # a condition with more forwards behind its model is unfaithful
 UNVERIFIED_ROUNDS = ("fallback", "local")  # round modes whose drafts no target checked
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
-
-
-def percentile(values: np.ndarray, q: float) -> float | None:
-    """The q-th percentile (linear interpolation); None for no values."""
-    return float(np.percentile(values, q)) if len(values) else None
-
-
-def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float] | None:
-    """Wilson score interval of a binomial proportion (scipy); None for n = 0."""
-    if n == 0:
-        return None
-    from scipy.stats import binomtest
-
-    ci = binomtest(successes, n).proportion_ci(confidence_level=level, method="wilson")
-    return float(ci.low), float(ci.high)
 
 
 def request_latencies(requests: pd.DataFrame, rounds: pd.DataFrame) -> pd.DataFrame:
@@ -298,7 +284,7 @@ class ConditionStats:
     # -- cost -------------------------------------------------------------------------------
     @property
     def cost_per_1k_tokens(self) -> float | None:
-        """cost_usd / total tokens * 1000 (see testbed.metrics.cost)"""
+        """cost_usd / total tokens * 1000 (see testbed.config.costs)"""
         return (
             self.cost_usd / self.tokens * 1000
             if self.cost_usd is not None and self.tokens

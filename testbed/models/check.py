@@ -19,7 +19,7 @@ import numpy as np
 
 from agents.engines.base import Engine, TokenizerMismatchError
 from agents.workloads.arithmetic import full_text, heldout_problems, make_problems, prompt
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
 
 if TYPE_CHECKING:
     from rich.table import Table

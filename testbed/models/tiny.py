@@ -39,12 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from agents.workloads.arithmetic import full_text, heldout_problems, prompt, train_problems
+from testbed.core.files import atomic_replace, file_sha256
+from testbed.core.paths import cache_dir
 from testbed.models.configs import DRAFT, TARGET, ModelSpec
 from testbed.models.tokenizer import TokenizerSpec
 from testbed.models.train import TrainSpec
-from testbed.paths import cache_dir
-from testbed.results.atomic import atomic_replace
-from testbed.results.manifest import file_sha256
 
 RECIPE_VERSION = 1  # bump when code changes what a build produces
 MANIFEST = "manifest.json"

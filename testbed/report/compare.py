@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from testbed.config.loading import load_model
+from testbed.core.loading import load_model
 from testbed.report.data import RunData
 from testbed.report.figures import device_rates
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
 from testbed.metrics.stats import ConditionStats
 from testbed.results.report import condition_frame
 from testbed.results.store import RunStore

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 from pandas.api.typing import DataFrameGroupBy
 
+from testbed.core.stats import mean_ci
 from testbed.report.charts import Chart, RefLine, Series, Skipped
 from testbed.report.data import RunData
-from testbed.report.intervals import mean_ci
 
 Figure = Chart | Skipped
 WINDOW = 20  # rounds per point of the over-time curves

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import subprocess
@@ -11,7 +10,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from testbed.paths import REPO_ROOT
+from testbed.core.files import file_sha256
+from testbed.core.paths import REPO_ROOT
 
 PACKAGES = (
     "torch",
@@ -81,15 +81,6 @@ def build_manifest(run_id: str, playbook: dict[str, Any], **extra: Any) -> dict[
         "host": host_facts(),
         **extra,
     }
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of one file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def model_digests(*models: str) -> dict[str, dict[str, str]]:

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from testbed.config.playbook import REPETITION as REPETITION_KEY
-from testbed.report.intervals import MeanCI, mean_ci
+from testbed.core.stats import MeanCI, mean_ci
 
 POLICY = "sweep.balance.policy"
 REPETITION = f"sweep.{REPETITION_KEY}"

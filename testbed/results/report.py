@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -193,3 +194,22 @@ def print_summary(df: pd.DataFrame, title: str) -> None:
     if "reason" in df.columns:
         for _, r in df[df["status"] != "done"].iterrows():
             console.print(f"[red]{r['condition']} failed:[/red] {r['reason']}")
+
+
+def describe_condition(entry: dict[str, Any]) -> str:
+    """One line for the console after a condition."""
+    m = entry.get("metrics") or {}
+    s = (entry.get("link") or {}).get("summary") or {}
+    parts = [entry["condition"], entry["status"]]
+    if s.get("rtt_measured_ms") is not None:
+        parts.append(f"rtt {s['rtt_measured_ms']:.2f} ms")
+    if s.get("loss_measured") is not None:
+        parts.append(f"loss {s['loss_measured']:.3f}")
+    if m.get("system_tok_s") is not None:
+        parts.append(
+            f"verified {m['system_verified_tok_s']:.1f} + unverified "
+            f"{m['system_unverified_tok_s']:.1f} tok/s"
+        )
+    if entry.get("reason"):
+        parts.append(entry["reason"].splitlines()[0])
+    return json.dumps(parts)[1:-1].replace('"', "")

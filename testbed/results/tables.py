@@ -14,12 +14,13 @@ from pydantic import ValidationError
 
 from agents.records import read_records
 from agents.workloads.scoring import score as score_answer
-from testbed.metrics.cost import CostTable
+from testbed.config.costs import CostTable
+from testbed.config.slo import Slo
+from testbed.core.files import atomic_replace
 from testbed.metrics.records import DEFAULTS, SCHEMAS
-from testbed.metrics.slo import Slo
 from testbed.metrics.stats import ConditionStats
-from testbed.netem.profile import GilbertElliott
-from testbed.results.atomic import atomic_replace
+from testbed.results.store import ConditionFolder
+from testbed.topo.profile import GilbertElliott
 
 
 def frame_from_jsonl(paths: Iterable[Path], **constants: Any) -> pd.DataFrame:
@@ -89,10 +90,10 @@ def write_parquet(df: pd.DataFrame | pa.Table, path: Path) -> None:
         pq.write_table(table, tmp)
 
 
-def write_typed(table: str, df: pd.DataFrame, folder: Path) -> pd.DataFrame:
-    """Write `<folder>/<table>.parquet` with the table's schema; return the typed frame."""
+def write_typed(table: str, df: pd.DataFrame, folder: ConditionFolder) -> pd.DataFrame:
+    """Write the condition's table `table` with its schema; return the typed frame."""
     typed = typed_table(table, df)
-    write_parquet(typed, folder / f"{table}.parquet")
+    write_parquet(typed, folder.table(table))
     return typed.to_pandas()
 
 
@@ -164,12 +165,12 @@ def host_rows(
     return pd.DataFrame(rows).assign(condition=condition) if rows else pd.DataFrame()
 
 
-def pacing_rows(hosts_dir: Path, condition: str) -> pd.DataFrame:
+def pacing_frame(folder: ConditionFolder, condition: str) -> pd.DataFrame:
     """The `pacing` table: each host's paced engines (a row without `dev`, the server's, is its
     host folder's)."""
     rows = [
         {"dev": path.parent.name, **row, "condition": condition}
-        for path in sorted(hosts_dir.glob("*/pacing.jsonl"))
+        for path in sorted(folder.hosts.glob("*/pacing.jsonl"))
         for row in read_records(path)
     ]
     return pd.DataFrame(rows)
@@ -191,7 +192,7 @@ def score_target(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def tables_from_records(
-    staged: Path,
+    folder: ConditionFolder,
     condition: str,
     score: Callable[[pd.DataFrame], pd.DataFrame],
     slo: Slo | None = None,
@@ -199,33 +200,33 @@ def tables_from_records(
     hosts_info: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Write a condition's typed Parquet tables from the agents' fetched records (under
-    `staged/hosts/<host>/`) and its link.json; return the condition's figures
+    `hosts/<host>/` of the condition's folder) and its link.json; return the condition's figures
     (`ConditionStats.as_row`). `score` adds the answer-checking columns to the requests;
     `hosts_info` gives what the controller knows of each host (see `host_rows`)."""
-    hosts_dir = staged / "hosts"
+    hosts_dir = folder.hosts
 
     def records(name: str) -> pd.DataFrame:
         return frame_from_jsonl(sorted(hosts_dir.glob(f"*/{name}.jsonl")), condition=condition)
 
-    rounds = write_typed("rounds", records("rounds"), staged)
+    rounds = write_typed("rounds", records("rounds"), folder)
     raw_requests = records("requests")
     requests = write_typed(
         "requests",
         score_target(score(raw_requests)) if not raw_requests.empty else raw_requests,
-        staged,
+        folder,
     )
     for name in ("verifications", "batches"):
-        write_typed(name, records(name), staged)
-    pacing = write_typed("pacing", pacing_rows(hosts_dir, condition), staged)
+        write_typed(name, records(name), folder)
+    pacing = write_typed("pacing", pacing_frame(folder, condition), folder)
     status = [  # a status without `dev` (the server's) is its host folder's
         {"dev": p.parent.name, **json.loads(p.read_text())}
         for p in sorted(hosts_dir.glob("*/status.json"))
     ]
-    hosts = write_typed("hosts", host_rows(status, hosts_info or [], condition), staged)
-    link_file = staged / "link.json"
+    hosts = write_typed("hosts", host_rows(status, hosts_info or [], condition), folder)
+    link_file = folder.link
     link = json.loads(link_file.read_text()) if link_file.exists() else {}
-    write_typed("links", link_rows(link, condition), staged)
-    write_typed("link_changes", link_change_rows(link, condition), staged)
+    write_typed("links", link_rows(link, condition), folder)
+    write_typed("link_changes", link_change_rows(link, condition), folder)
     return ConditionStats.from_frames(
         rounds, requests, hosts, slo=slo, costs=costs, pacing=pacing
     ).as_row()

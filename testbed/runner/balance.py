@@ -2,7 +2,7 @@
 
 The runner writes the condition's users (arithmetic problems with their output lengths,
 mixed deadlines and Poisson arrival times) to the server host, where
-`testbed.runner.balance_server` replays their arrivals through admission control and the
+`agents.balance.server` replays their arrivals through admission control and the
 engine loop on the real models; users do not come from the devices over the lab's links. The
 same workload goes through the simulator on the controller, driven by the same cost model
 (measured on the server host once per run with `testbed profile`, unless `balance.profile`
@@ -23,31 +23,28 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from agents.balance.costmodel import CostModel
+from agents.balance.problem import Users, default_service, make_instance, servable_alone
+from agents.balance.rescue import MOVED_TO_AD
+from agents.balance.serve import ServeResult, Workload, workload_span_s
 from agents.records import read_records
 from agents.spec.decoding import generate_ad
 from agents.workloads.arithmetic import heldout_problems, prompt
-from testbed.balance.costmodel import CostModel, load_cost_model
-from testbed.balance.problem import Users, default_service, make_instance, servable_alone
-from testbed.balance.rescue import MOVED_TO_AD
-from testbed.balance.simulator import SimResult, Workload, simulate, workload_span_s
+from testbed.balance.cost_file import read_cost_model
+from testbed.balance.simulator import simulate
 from testbed.config.playbook import BalanceSection, Condition, Playbook
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
+from testbed.core.files import atomic_write_json
 from testbed.hosts.inventory import InventoryHost
 from testbed.metrics.stats import pacing_figures
-from testbed.results.atomic import atomic_write_json
-from testbed.results.tables import pacing_rows, write_parquet, write_typed
+from testbed.results.store import ConditionFolder
+from testbed.results.tables import pacing_frame, write_parquet, write_typed
+from testbed.runner.agents import AGENT_ENV, fetch, model_on, place_emulation, wait_for_exit
+from testbed.runner.context import RunContext, condition_dilation
 from testbed.runner.emulation import EMULATION_FILE, ConditionTime, emulation_tag
-from testbed.runner.sled import (
-    AGENT_ENV,
-    RunContext,
-    condition_dilation,
-    fetch,
-    model_on,
-    place_emulation,
-    wait_for_exit,
-)
 
 SERVER_FILES = ("served.jsonl", "summary.json", "pacing.jsonl")
+COST_MODEL = "cost-model.json"  # in the condition's folder: the cost model it ran with
 MIB = 2**20
 
 
@@ -118,25 +115,28 @@ def workload_of(rows: list[dict[str, Any]]) -> Workload:
 
 
 def cost_model_on(
-    ctx: RunContext, server: InventoryHost, pb: Playbook, staged: Path, emulation: str, tag: str
-) -> CostModel:
+    ctx: RunContext, server: InventoryHost, pb: Playbook, staged: ConditionFolder, emulation: str,
+    tag: str,
+    models: tuple[str, str],
+) -> CostModel:  # fmt: skip
     """The run's cost model, on the server host and in `staged/cost-model.json`: the file
-    `balance.profile` names, or measured on the server host by `testbed profile` with the
-    server's engines as they run (the emulation file `emulation`, whose contents `tag` names)
+    `balance.profile` names, or measured on the server host by `agents.balance.profile` on
+    `models` (draft, target) with the server's engines as they run (the emulation file
+    `emulation`, whose contents `tag` names)
     the first time a run needs it (kept in the lab's server workdir, which goes with the
     lab)."""
     hosts, b = ctx.hosts, pb.balance
-    local = staged / "cost-model.json"
+    local = staged.file(COST_MODEL)
     if b.profile is None and (pb.models.draft, pb.models.target) != ("tiny", "tiny"):
         raise BadInputError("balance.profile: required unless both models are tiny")
     if b.profile is not None:
-        cost = load_cost_model(Path(b.profile))
+        cost = read_cost_model(Path(b.profile))
         if cost.draft_len != b.draft_len:
             raise BadInputError(
                 f"{b.profile}: draft_len {cost.draft_len} differs from balance.draft_len "
                 f"{b.draft_len}"
             )
-        atomic_write_json(local, cost.model_dump(mode="json"))
+        atomic_write_json(local, cost.as_dict())
         return cost
     remote = (
         f"{server.workdir}/balance/cost-model-g{b.draft_len}-t{b.threads}-r{b.profile_repeats}"
@@ -144,12 +144,12 @@ def cost_model_on(
     )
     exists = hosts.run(server, f"test -f {shlex.quote(remote)}", check=False).ok
     if ctx.dry_run or not exists:
-        ctx.say(f"profiling the cost model on {server.name} (`testbed profile`)")
-        # the profile measures the tiny pair (`testbed profile` builds or finds it)
+        ctx.say(f"profiling the cost model on {server.name} (agents.balance.profile)")
         hosts.run(
             server,
             shlex.join([
-                server.python, "-m", "testbed.cli", "profile", "--out", remote,
+                server.python, "-m", "agents.balance.profile", "--out", remote,
+                "--draft", models[0], "--target", models[1],
                 "--draft-len", str(b.draft_len), "--repeats", str(b.profile_repeats),
                 "--threads", str(b.threads), "--device", pb.models.server_device,
                 "--emulation", emulation,
@@ -159,7 +159,7 @@ def cost_model_on(
     if ctx.dry_run:
         return None  # type: ignore[return-value]
     hosts.get(server, remote, local)
-    return load_cost_model(local)
+    return read_cost_model(local)
 
 
 def server_command(
@@ -168,7 +168,7 @@ def server_command(
     """The BALANCE server's command line (its emulation file beside its records)."""
     b = cond.playbook.balance
     return shlex.join([
-        host.python, "-m", "testbed.runner.balance_server",
+        host.python, "-m", "agents.balance.server",
         "--users", f"{records}/users.jsonl",
         "--cost", cost,
         "--target", target,
@@ -185,7 +185,7 @@ def server_command(
 
 
 def user_table(
-    rows: list[dict[str, Any]], served: list[dict[str, Any]], predicted: SimResult, cid: str
+    rows: list[dict[str, Any]], served: list[dict[str, Any]], predicted: ServeResult, cid: str
 ) -> pd.DataFrame:
     """One row per user: its request, the measured service and the simulator's prediction."""
     by_uid = {s["uid"]: s for s in served}
@@ -220,7 +220,7 @@ PREDICTION_DRAWS = 10  # simulated runs per condition, differing in the drafts a
 def condition_metrics(
     users: pd.DataFrame,
     summary: dict[str, Any],
-    predicted: list[SimResult],
+    predicted: list[ServeResult],
     b: BalanceSection,
     ceiling: int,
 ) -> dict[str, Any]:
@@ -292,7 +292,7 @@ def describe(cid: str, b: BalanceSection, m: dict[str, Any]) -> str:
     )
 
 
-def run_balance(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any]:
+def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> dict[str, Any]:
     """Run one BALANCE condition; returns the journal field `metrics` (raises on failure)."""
     pb, b = cond.playbook, cond.playbook.balance
     if pb.workload.kind != "arithmetic":
@@ -303,25 +303,24 @@ def run_balance(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any
     records = f"{server.workdir}/runs/{cond.id}"
     hosts.run(server, f"rm -rf {shlex.quote(records)} && mkdir -p {shlex.quote(records)}")
     when = ConditionTime.starting_now(condition_dilation(cond))
-    inputs = staged / "inputs"
-    inputs.mkdir(parents=True, exist_ok=True)
+    inputs = staged.inputs()
     doc = place_emulation(hosts, server, cond, ctx.lab.emulated, when, inputs, records)
-    cost = cost_model_on(ctx, server, pb, staged, f"{records}/{EMULATION_FILE}", emulation_tag(doc))
-    cost_remote = f"{records}/cost-model.json"
     target = model_on(server, "target_model", ctx.target_model)  # placed by Ansible, if so
+    cost = cost_model_on(ctx, server, pb, staged, f"{records}/{EMULATION_FILE}",
+                         emulation_tag(doc), (draft, target))  # fmt: skip
+    cost_remote = f"{records}/cost-model.json"
     command = server_command(server, cond, target, draft, records, cost_remote)
     if ctx.dry_run:
         ctx.say(f"  write the users and the cost model to {server.name}:{records}")
         hosts.start(server, "balance-server", command, env=AGENT_ENV)
         return {"metrics": {}}
     rows = user_rows(pb, ctx.target_model)
-    local = staged / "inputs" / "users.jsonl"
-    local.parent.mkdir(parents=True, exist_ok=True)
+    local = inputs / "users.jsonl"
     # the server gets each request, not the answer it is checked against
     sent = [{k: v for k, v in r.items() if k != "reference"} for r in rows]
     local.write_text("".join(json.dumps(r) + "\n" for r in sent))
     hosts.put(server, local, f"{records}/users.jsonl")
-    hosts.put(server, staged / "cost-model.json", cost_remote)
+    hosts.put(server, staged.file(COST_MODEL), cost_remote)
     ctx.say(f"{cond.id}: {b.users} users arrive at {server.name} ({b.policy})")
     proc = hosts.start(server, "balance-server", command, env=AGENT_ENV)
     try:
@@ -329,7 +328,7 @@ def run_balance(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any
     finally:
         if hosts.is_alive(proc):
             hosts.stop(proc)
-    fetched = staged / "hosts" / server.name
+    fetched = staged.host(server.name)
     fetch(hosts, server, records, SERVER_FILES, proc, fetched)
     served = read_records(fetched / "served.jsonl")
     summary = json.loads((fetched / "summary.json").read_text())
@@ -340,11 +339,11 @@ def run_balance(ctx: RunContext, cond: Condition, staged: Path) -> dict[str, Any
         for k in range(PREDICTION_DRAWS)
     ]
     users = user_table(rows, served, predicted[0], cond.id)
-    write_parquet(users, staged / "balance_users.parquet")
+    write_parquet(users, staged.table("balance_users"))
     inst = make_instance(cost, work.users, b.memory_mib * MIB, service)
     ceiling = int(servable_alone(inst).sum())
     metrics = condition_metrics(users, summary, predicted, b, ceiling)
-    pacing = write_typed("pacing", pacing_rows(staged / "hosts", cond.id), staged)
+    pacing = write_typed("pacing", pacing_frame(staged, cond.id), staged)
     metrics |= pacing_figures(pacing)
     ctx.say(describe(cond.id, b, metrics))
     return {"metrics": metrics}

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import yaml
 
-from testbed.config.loading import validate
 from testbed.config.playbook import Playbook, expand, load_playbook
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
+from testbed.core.files import atomic_write_json, atomic_write_text
+from testbed.core.loading import validate
 from testbed.metrics.capacity import CapacityResult, capacity_search
-from testbed.results.atomic import atomic_write_json, atomic_write_text
 from testbed.results.store import RunStore
 from testbed.runner.run import execute
 

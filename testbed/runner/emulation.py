@@ -19,10 +19,10 @@ from typing import Any
 
 from agents.emulation.clock import Clock
 from testbed.config.playbook import Mode, Playbook
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
 from testbed.hosts.inventory import InventoryHost
 from testbed.topo.catalogue import Catalogue, load_catalogue
-from testbed.topo.hosts import host_class
+from testbed.topo.classes import host_class
 
 EMULATION_FILE = "emulation.json"
 

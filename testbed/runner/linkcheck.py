@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from testbed.config.playbook import ImpairmentSection
-from testbed.errors import ImpairmentError
-from testbed.netem.probe import LossFigure, ProbeResult
-from testbed.netem.profile import LinkProfile
+from testbed.core.errors import ImpairmentError
+from testbed.links.probe import LossFigure, ProbeResult
+from testbed.topo.profile import LinkProfile
 
 
 def loss_guard_ok(fig: LossFigure) -> bool:

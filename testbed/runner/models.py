@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.config.playbook import ModelsSection
-from testbed.errors import BadInputError
+from testbed.core.errors import BadInputError
 
 
 @dataclass

@@ -11,17 +11,17 @@ checked afterwards.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from testbed.config.playbook import Condition, Playbook
-from testbed.errors import TestbedError
+from testbed.core.errors import TestbedError
+from testbed.results.store import ConditionFolder
 
 DILATIONS = (1, 2, 4, 8, 16, 32, 64)
 PILOT_MAX_NEW_TOKENS = 16
 PILOT_USERS = 8
 
-RunFn = Callable[[Any, Condition, Path], dict[str, Any]]
+RunFn = Callable[[Any, Condition, ConditionFolder], dict[str, Any]]
 
 
 def pilot_of(cond: Condition, dilation: float) -> Condition:
@@ -44,15 +44,13 @@ def at_dilation(cond: Condition, dilation: float) -> Condition:
 
 
 def choose_dilation(
-    run: RunFn, ctx: Any, cond: Condition, staged: Path, say: Callable[[str], None]
+    run: RunFn, ctx: Any, cond: Condition, staged: ConditionFolder, say: Callable[[str], None]
 ) -> tuple[float, list[dict[str, Any]]]:
     """The smallest of `DILATIONS` whose pilot had no behind forward, and every try's figures
     (dilation, paced and behind forwards); TestbedError when none of them does."""
     tries: list[dict[str, Any]] = []
     for n in DILATIONS:
-        folder = staged / "pilots" / f"x{n}"
-        folder.mkdir(parents=True, exist_ok=True)
-        metrics = run(ctx, pilot_of(cond, n), folder).get("metrics") or {}
+        metrics = run(ctx, pilot_of(cond, n), staged.pilot(n)).get("metrics") or {}
         paced, behind = metrics.get("paced_forwards", 0), metrics.get("behind_forwards", 0)
         tries.append({"time_dilation": n, "paced_forwards": paced, "behind_forwards": behind})
         say(f"{cond.id}: pilot at dilation {n}: {behind} of {paced} forwards behind")

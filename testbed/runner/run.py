@@ -27,25 +27,25 @@ from testbed.config.playbook import (
     playbook_topology,
     with_lab,
 )
-from testbed.errors import BadInputError, TestbedError
+from testbed.core.errors import BadInputError, TestbedError
+from testbed.core.paths import results_dir
 from testbed.hosts.control import HostControl
 from testbed.hosts.inventory import load_inventory
-from testbed.lab.interface import Lab
-from testbed.lab.kinds import lab_class
-from testbed.lab.physical import inventory_topology
-from testbed.lab.spec import LabSpec
-from testbed.lab.system import SystemRunner
-from testbed.paths import results_dir
+from testbed.labs.interface import Lab
+from testbed.labs.kinds import lab_class
+from testbed.labs.physical import inventory_topology
+from testbed.labs.spec import LabSpec
+from testbed.labs.system import SystemRunner
 from testbed.results.manifest import build_manifest, model_digests
 from testbed.results.report import write_condition_table
-from testbed.results.store import RunStore
-from testbed.runner.balance import run_balance
+from testbed.results.store import ConditionFolder, RunStore
+from testbed.runner.context import RunContext
 from testbed.runner.emulation import check_emulation, time_dilation
 from testbed.runner.models import resolve_models
+from testbed.runner.modes import condition_runner
 from testbed.runner.pilot import at_dilation, choose_dilation
 from testbed.runner.reference import target_answers
-from testbed.runner.sled import RunContext, run_condition
-from testbed.topo.model import Topology
+from testbed.topo.topology import Topology
 
 LAB_NAME = "run"
 LAB_NAME_ENV = "TESTBED_LAB_NAME"
@@ -132,14 +132,12 @@ def new_run_dir(pb: Playbook, base: Path | None = None) -> Path:
 def save_playbook(store: RunStore, pb: Playbook) -> None:
     """The resolved playbook, as a resume runs it, in its own key order (the order of the
     sweep's keys makes the condition ids)."""
-    (store.root / "playbook.yaml").write_text(
-        yaml.safe_dump(pb.model_dump(mode="json"), sort_keys=False)
-    )
+    store.playbook_path.write_text(yaml.safe_dump(pb.model_dump(mode="json"), sort_keys=False))
 
 
 def playbook_for_resume(store: RunStore) -> tuple[Playbook, str]:
     """The playbook saved in a run folder, revalidated."""
-    path = store.root / "playbook.yaml"
+    path = store.playbook_path
     if not path.exists():
         raise BadInputError(f"{store.root}: not a resumable run (no playbook.yaml)")
     return load_playbook(path), str(path)
@@ -155,7 +153,7 @@ def check_same_conditions(store: RunStore, conditions: Sweep) -> None:
     if now != planned:
         differ = next((i for i, (a, b) in enumerate(zip(planned, now)) if a != b), len(planned))
         raise BadInputError(
-            f"{store.root / 'playbook.yaml'}: expands to other conditions than the run planned "
+            f"{store.playbook_path}: expands to other conditions than the run planned "
             f"({len(now)} now, {len(planned)} in manifest.json; first difference at #{differ}: "
             f"{now[differ] if differ < len(now) else '-'} vs "
             f"{planned[differ] if differ < len(planned) else '-'})"
@@ -209,7 +207,7 @@ def execute(
         # the resolved playbook (topology applied) is what a resume runs; the file as given
         # is kept beside it for the record
         save_playbook(store, pb)
-        (store.root / "playbook.source.yaml").write_text(Path(playbook_path).read_text())
+        store.playbook_source_path.write_text(Path(playbook_path).read_text())
     finished = store.finished(retry_failed)
     # lazy: conditions are resolved one at a time as the loop reaches them
     todo = (c for c in conditions if c.id not in finished)
@@ -227,9 +225,7 @@ def execute(
     check_conditions(conditions, spec.topology, source)
 
     def reference(problems: list[Problem], max_new: int) -> dict[str, str]:
-        return target_answers(
-            models.target, problems, max_new, cache=store.root / "reference_answers.json"
-        )
+        return target_answers(models.target, problems, max_new, cache=store.reference_answers)
 
     done = failed = 0
     counts = ", ".join(f"{n} {c}" for c, n in spec.topology.class_counts().items())
@@ -252,11 +248,6 @@ def execute(
     return RunOutcome(store, done, failed, len(conditions) - remaining)
 
 
-def condition_runner(cond: Condition) -> Callable[[RunContext, Condition, Path], dict]:
-    """The function that runs a condition of this mode."""
-    return run_balance if cond.playbook.mode == "balance" else run_condition
-
-
 def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
     """Run a condition, journal it as done or failed (with its reason); never raises."""
     staged = store.staging(cond.id)
@@ -270,9 +261,9 @@ def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
         result = run(ctx, cond, staged)
     except Exception as exc:  # a failed condition is journaled; the sweep goes on
         reason = str(exc) if isinstance(exc, TestbedError) else f"{type(exc).__name__}: {exc}"
-        (staged / "error.txt").write_text(traceback.format_exc())
+        staged.error.write_text(traceback.format_exc())
         entry = {**base, "status": "failed", "reason": reason, "seconds": time.time() - t0}
-        link = staged / "link.json"
+        link = staged.link
         if link.exists():
             entry["link"] = json.loads(link.read_text())
         store.record_failure(cond.id, staged, entry)
@@ -295,8 +286,8 @@ def _dry_run(pb: Playbook, conditions: Sweep, say: Callable[[str], None]) -> Run
         ctx = RunContext(lab, hosts, "<draft>", "<target>", lambda _p, _n: {}, say, dry_run=True)
         for cond in conditions:
             say(f"condition {cond.id}")
-            staged = Path(tmp) / cond.id
-            staged.mkdir()
+            staged = ConditionFolder(Path(tmp) / cond.id)
+            staged.root.mkdir()
             if cond.playbook.lab.time_dilation == "auto":
                 say("  time dilation auto: pilots at dilation 1, 2, 4, ... (shown at 1)")
                 cond = at_dilation(cond, 1.0)

@@ -2,5 +2,5 @@
 loading from `topologies/*.yaml` (`files`).
 
 Import from the submodules: this package imports nothing itself, so that low-level modules
-(the inventory, the lab) can use `testbed.topo.hosts.Role` without import cycles.
+(the inventory, the lab) can use `testbed.topo.classes.Role` without import cycles.
 """

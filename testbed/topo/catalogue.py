@@ -26,9 +26,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents.emulation.stepcost import GB, Hardware, ModelShape
-from testbed.config.loading import read_yaml, validate
-from testbed.errors import BadInputError
-from testbed.paths import REPO_ROOT
+from testbed.core.errors import BadInputError
+from testbed.core.loading import read_yaml, validate
+from testbed.core.paths import REPO_ROOT
 
 DEFAULT_PATH = REPO_ROOT / "topologies" / "hardware.yaml"
 

@@ -6,7 +6,7 @@
     fleet:                                # devices dev1..devN, in this order
       - {class: pi5, count: 10}
       - {class: jetson-orin-nano, count: 6, primary: wifi6}   # per-group profile override
-    profiles:                             # each one a LinkProfile (testbed.netem.profile)
+    profiles:                             # each one a LinkProfile (testbed.topo.profile)
       wifi: {rtt_ms: 85}
       wifi6: {rtt_ms: 60}
       5g: {rtt_ms: 40, jitter_ms: 2}
@@ -21,11 +21,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from testbed.config.loading import load_model
-from testbed.errors import BadInputError
-from testbed.netem.profile import LinkProfile
-from testbed.topo.hosts import host_classes
-from testbed.topo.model import TopoHost, TopoLink, Topology
+from testbed.core.errors import BadInputError
+from testbed.core.loading import load_model
+from testbed.topo.classes import host_classes
+from testbed.topo.profile import LinkProfile
+from testbed.topo.topology import TopoHost, TopoLink, Topology
 
 MAX_DEVICES = 200
 

@@ -1,0 +1,423 @@
+"""Measure a device <-> server link: RTT and loss per direction, against the requested profile.
+
+A UDP echo responder runs in the server's namespace and a sender in the device's (both
+`agents.link_probe`, started with `ip netns exec`), so the probe crosses exactly the path the agents
+use. Forward loss is counted at the responder, reverse loss from the echoes that came back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import select
+import subprocess
+import sys
+from typing import Any
+
+from pydantic import BaseModel
+
+from testbed.core import stats
+from testbed.core.errors import ImpairmentError
+from testbed.core.fanout import fan_out, raise_failures
+from testbed.labs import naming
+from testbed.labs.backup import backup_site, load_plan
+from testbed.labs.interface import LinkSite
+from testbed.labs.spec import LabHost
+from testbed.labs.system import SystemRunner
+from testbed.topo.profile import LOSS_SEMANTICS, LinkProfile
+
+PROBE = [sys.executable, "-m", "agents.link_probe"]  # the sender and responder, on a lab host
+BASE_PORT = 47000
+UDP_IP_ETH_BYTES = 8 + 20 + 14  # headers a datagram carries on the wire past its payload
+PROBE_RT_PRIO = 10  # below the holder's: the probe measures the link, not the CPU queue
+
+
+class RttStats(BaseModel):
+    n: int
+    mean: float
+    p50: float
+    p99: float
+    min: float
+    max: float
+
+
+class LossFigure(BaseModel):
+    """Measured loss in one direction (or round trip) and whether it fits the requested rate."""
+
+    requested: float | None
+    lost: int
+    of: int
+    rate: float | None
+    interval: tuple[int, int] | None = None  # 95 % binomial interval of lost packets
+    within: bool | None = None
+
+
+class ProbeResult(BaseModel):
+    """One link's measurement; errors are |measured - requested| RTT in ms."""
+
+    device: str
+    requested: LinkProfile | None
+    sent: int
+    received_by_server: int
+    received_back: int
+    rtt_ms: RttStats | None
+    rtt_error_ms: dict[str, float] | None
+    loss_up: LossFigure
+    loss_down: LossFigure
+    loss_round_trip: LossFigure
+    warmup_s: float
+    loss_semantics: str = LOSS_SEMANTICS
+    # packets held after the kernel stamped their arrival (`held_after_kernel_stamp`): echoes
+    # whose receive time, at either end, had no release stamp from the holder and was taken in
+    # user space (None: kernel stamps timed them), and the median of how much later user space
+    # read a stamped echo than the holder released it, both ends together: what user-space
+    # receive times would have added to its RTT (ms)
+    rx_user_space: int | None = None
+    rx_wake_ms_p50: float | None = None
+
+    @property
+    def timed_in_user_space(self) -> bool:
+        """Whether most echoes were timed in user space (so the median RTT includes wake-ups)."""
+        return self.rx_user_space is not None and 2 * self.rx_user_space > self.received_back
+
+    def in_emulated_time(self, dilation: float, requested: LinkProfile | None) -> ProbeResult:
+        """The same measurement in emulated time (lab.time_dilation): every time divided by
+        `dilation`, against `requested`, the profile before it was dilated."""
+        if dilation == 1:
+            return self
+        scale = 1 / dilation
+        rtt = None
+        if self.rtt_ms is not None:
+            rtt = self.rtt_ms.model_copy(
+                update={
+                    k: getattr(self.rtt_ms, k) * scale for k in ("mean", "p50", "p99", "min", "max")
+                }
+            )
+        return self.model_copy(
+            update={
+                "requested": requested,
+                "rtt_ms": rtt,
+                "rtt_error_ms": None
+                if self.rtt_error_ms is None
+                else {k: v * scale for k, v in self.rtt_error_ms.items()},
+                "rx_wake_ms_p50": None
+                if self.rx_wake_ms_p50 is None
+                else self.rx_wake_ms_p50 * scale,
+            }
+        )
+
+    @property
+    def ok(self) -> bool:
+        """Loss inside the binomial interval in every direction (True when nothing requested)."""
+        return all(
+            f.within is not False for f in (self.loss_up, self.loss_down, self.loss_round_trip)
+        )
+
+
+def _loss(lost: int, of: int, requested: float | None) -> LossFigure:
+    fig = LossFigure(requested=requested, lost=lost, of=of, rate=lost / of if of else None)
+    if requested is not None and of:
+        fig.interval = stats.binomial_interval(of, requested)
+        fig.within = stats.loss_within(lost, of, requested)
+    return fig
+
+
+def summarize(
+    device: str,
+    requested: LinkProfile | None,
+    sent: int,
+    at_server: list[int],
+    rtts: dict[int, float],
+    warmup_s: float = 0.0,
+    rx_user_space: int | None = None,
+    rx_wake_ms: list[float] | None = None,
+) -> ProbeResult:
+    """Turn raw probe output into figures (separate from running it, so it is testable);
+    `rx_user_space`, `rx_wake_ms`: see RawProbe."""
+    fwd = len(set(at_server))
+    back = len(rtts)
+    values = list(rtts.values())
+    rtt = None
+    err = None
+    if values:
+        rtt = RttStats(
+            n=len(values),
+            mean=sum(values) / len(values),
+            p50=stats.percentile(values, 50),
+            p99=stats.percentile(values, 99),
+            min=min(values),
+            max=max(values),
+        )
+        if requested is not None:
+            errors = [abs(v - requested.rtt_ms) for v in values]
+            err = {
+                "median": stats.percentile(errors, 50),
+                "p99": stats.percentile(errors, 99),
+                "mean": sum(errors) / len(errors),
+                "mean_signed": sum(values) / len(values) - requested.rtt_ms,
+            }
+    up = requested.up_loss if requested else None
+    down = requested.down_loss if requested else None
+    rt = requested.round_trip_loss if requested else None
+    return ProbeResult(
+        device=device,
+        requested=requested,
+        sent=sent,
+        received_by_server=fwd,
+        received_back=back,
+        rtt_ms=rtt,
+        rtt_error_ms=err,
+        loss_up=_loss(sent - fwd, sent, up),
+        loss_down=_loss(fwd - back, fwd, down),
+        loss_round_trip=_loss(sent - back, sent, rt),
+        warmup_s=warmup_s,
+        rx_user_space=rx_user_space,
+        rx_wake_ms_p50=stats.percentile(rx_wake_ms, 50) if rx_wake_ms else None,
+    )
+
+
+def _requested(lab: LinkSite, device: str) -> LinkProfile:
+    from testbed.links.api import current
+
+    imp = current(lab)
+    if imp is None:
+        return LinkProfile()
+    return imp.profiles.get(device, LinkProfile())
+
+
+def held_after_kernel_stamp(lab: LinkSite) -> bool:
+    """Whether packets are held after the kernel stamped their arrival: a lab impaired on its
+    hosts by the packet holder holds them on the receiver's ingress (netem on the hosts holds
+    them on the sender's egress). The probe then takes each receive time from the holder's
+    release stamp, and one without (a datagram the holder could not stamp) in user space
+    (agents.link_probe's docstring), where a busy or idle CPU's wake-up counts as link delay
+    (0.2-0.4 ms on this project's 2-core VM with no impairment at all, against 0.02-0.04 ms
+    from kernel stamps)."""
+    from testbed.links.api import current
+
+    if not lab.impaired_on_hosts:
+        return False
+    imp = current(lab)
+    return imp is not None and imp.backend == "nfqueue"
+
+
+class RawProbe(BaseModel):
+    """What one probe saw, packet by packet: sequence numbers in the order they arrived."""
+
+    device: str
+    sent: int
+    at_server: list[int]  # measurement packets the server received, in arrival order
+    rtt_ms: dict[int, float]  # echoes back at the device, in arrival order
+    warmup_s: float
+    rx_span_s: float = 0.0  # first to last echo
+    rx_bytes: int = 0  # UDP payload bytes echoed back
+    # per echo, when each leg entered the link (kernel transmit times, CLOCK_MONOTONIC ns):
+    sent_ns: dict[int, int] = {}  # the datagram, from the device
+    echo_sent_ns: dict[int, int] = {}  # its echo, from the server
+    # held after the kernel stamps (`held_after_kernel_stamp`; else None and []): echoes timed
+    # in user space at either end (no release stamp), and per echo stamped at both ends how
+    # much later user space read it than the holder released it, summed over the ends (ms)
+    rx_user_space: int | None = None
+    rx_wake_ms: list[float] = []
+
+    @property
+    def echo_mbit_s(self) -> float | None:
+        """Payload throughput of the echoes (both directions crossed the link)."""
+        return self.rx_bytes * 8 / self.rx_span_s / 1e6 if self.rx_span_s > 0 else None
+
+
+def probe_link(
+    lab: LinkSite, device: str | LabHost, requested: LinkProfile | None = None, **how: Any
+) -> ProbeResult:
+    """Probe one device's link to the server; `requested` defaults to what is applied now.
+
+    `how`: the keyword arguments of `probe_packets` (count, interval_ms, size, runner).
+    """
+    dev = device if isinstance(device, LabHost) else lab.host(device)
+    requested = requested if requested is not None else _requested(lab, dev.name)
+    raw = probe_packets(lab, dev, requested, **how)
+    return summarize(dev.name, requested, raw.sent, raw.at_server, raw.rtt_ms, raw.warmup_s,
+                     raw.rx_user_space, raw.rx_wake_ms)  # fmt: skip
+
+
+def send_budget_s(
+    requested: LinkProfile, count: int, interval_ms: float, size: int, linger_s: float
+) -> float:
+    """How long the probe sender may take: its sending time, or, where longer, what `requested`'s
+    rate limit needs to pass its datagrams (a sender behind a limit on its own egress waits for
+    it: a lab impaired on its hosts), then its linger, and 30 s to spare."""
+    rate = requested.rate_mbit
+    at_rate = count * (size + UDP_IP_ETH_BYTES) * 8 / (rate * 1e6) if rate else 0.0
+    return max(count * interval_ms / 1000, at_rate) + linger_s + 30
+
+
+def probe_packets(
+    lab: LinkSite,
+    device: str | LabHost,
+    requested: LinkProfile | None = None,
+    count: int = 200,
+    interval_ms: float = 10.0,
+    size: int = 64,
+    runner: SystemRunner | None = None,
+    via: str | None = None,
+    after_hold: bool | None = None,
+) -> RawProbe:
+    """Send `count` numbered datagrams device -> server -> device; what arrived, in order.
+
+    `via`: send over this interface of the device, from its address `dev.ip` (e.g. the backup
+    interface, whatever the device's routes say); default: as the routes say. `after_hold`:
+    whether packets are held after the kernel stamps them (default: as
+    `held_after_kernel_stamp(lab)` says)."""
+    runner = runner or lab.runner
+    dev = device if isinstance(device, LabHost) else lab.host(device)
+    if dev.role != "device":
+        raise ImpairmentError(f"{dev.name} is not a device of lab {lab.name}")
+    requested = requested if requested is not None else _requested(lab, dev.name)
+    port = BASE_PORT + lab.devices.index(dev)
+    tag = ["--tag", f"{naming.netns_prefix(lab.name)}probe", "--rt-prio", PROBE_RT_PRIO]
+    if after_hold is None:
+        after_hold = held_after_kernel_stamp(lab)
+    if after_hold:
+        tag.append("--rx-after-hold")
+    echo = runner.spawn(
+        [*PROBE, "echo", "--bind", lab.server.ip, "--port", port, *tag],
+        netns=lab.server.netns,
+        stdout=subprocess.PIPE,
+        detach=False,
+    )
+    linger = max(1.0, 3 * (requested.rtt_ms + 2 * requested.jitter_ms) / 1000)
+    send_argv = [
+        *PROBE, "send", "--dst", lab.server.ip, "--port", port,
+        "--count", count, "--interval-ms", interval_ms, "--size", size,
+        "--linger-s", f"{linger:.3f}", *tag,
+    ]  # fmt: skip
+    if via is not None:
+        send_argv += ["--via", via, "--src", dev.ip]
+    if echo is None:  # dry-run
+        runner.run(send_argv, netns=dev.netns)
+        return RawProbe(device=dev.name, sent=count, at_server=[], rtt_ms={}, warmup_s=0.0)
+    try:
+        assert echo.stdout is not None
+        ready, _, _ = select.select([echo.stdout], [], [], 10)
+        if not ready or echo.stdout.readline().strip() != b"ready":
+            raise ImpairmentError(f"probe responder did not start on {lab.server.name}")
+        budget = send_budget_s(requested, count, interval_ms, size, linger)
+        res = runner.run(send_argv, netns=dev.netns, timeout=budget, error=ImpairmentError)
+    finally:
+        echo.terminate()
+        try:
+            out, _ = echo.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            echo.kill()
+            out, _ = echo.communicate()
+    try:
+        told = json.loads(out.decode().strip().splitlines()[-1])
+        at_server = told["received"]
+        lags = {int(k): int(v) for k, v in told["send_lag_ns"].items()}
+        echo_sent = {int(k): int(v) for k, v in told.get("sent_ns", {}).items()}
+        user_at_server = {int(s) for s in told.get("user_rx", [])}
+        wake_at_server = {int(k): float(v) for k, v in told.get("wake_ms", {}).items()}
+    except (IndexError, ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise ImpairmentError(f"probe responder on {lab.server.name} gave no count") from exc
+    try:
+        sent = json.loads(res.stdout)
+        # the echo's own send time is the responder's, not the link's (agents.link_probe)
+        rtts = {int(k): float(v) - lags.get(int(k), 0) / 1e6 for k, v in sent["rtt_ms"].items()}
+        user_back = {int(s) for s in sent.get("user_rx", [])}
+        wake_back = {int(k): float(v) for k, v in sent.get("wake_ms", {}).items()}
+        return RawProbe(
+            device=dev.name,
+            sent=int(sent["sent"]),
+            at_server=at_server,
+            rtt_ms=rtts,
+            warmup_s=sent["warmup_s"],
+            rx_span_s=sent.get("rx_span_s", 0.0),
+            rx_bytes=sent.get("rx_bytes", 0),
+            sent_ns={int(k): int(v) for k, v in sent.get("sent_ns", {}).items()},
+            echo_sent_ns=echo_sent,
+            rx_user_space=len((user_at_server | user_back) & rtts.keys()) if after_hold else None,
+            rx_wake_ms=[v + wake_at_server[s] for s, v in wake_back.items() if s in wake_at_server],
+        )
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:  # pydantic's is a ValueError
+        raise ImpairmentError(
+            f"probe sender on {dev.name}: expected a JSON object with sent, rtt_ms, sent_ns and "
+            f"warmup_s; got {res.stdout[:200]!r} ({exc})"
+        ) from exc
+
+
+def probe_links(
+    lab: LinkSite,
+    devices: list[str | LabHost] | None = None,
+    requested: LinkProfile | None = None,
+    count: int = 200,
+    interval_ms: float = 10.0,
+    parallel: int = 4,
+    via: str | None = None,
+    after_hold: bool | None = None,
+) -> dict[str, ProbeResult]:
+    """Probe several device links (default: all), `parallel` at a time (`via`, `after_hold`:
+    see `probe_packets`)."""
+    targets = [d if isinstance(d, LabHost) else lab.host(d) for d in (devices or lab.devices)]
+    if after_hold is None:  # once for all links, not once a link
+        after_hold = held_after_kernel_stamp(lab)
+    how = {"count": count, "interval_ms": interval_ms, "via": via, "after_hold": after_hold}
+    probed = fan_out(lambda d: probe_link(lab, d, requested, **how), targets, max_workers=parallel)
+    return dict(raise_failures("probing the links", probed))
+
+
+def format_result(r: ProbeResult) -> str:
+    """One human-readable line per probe."""
+    req = r.requested
+    parts = [f"{r.device}:"]
+    if r.rtt_ms:
+        parts.append(f"rtt p50 {r.rtt_ms.p50:.2f} ms p99 {r.rtt_ms.p99:.2f} ms")
+        if r.rtt_error_ms and req and req.rtt_ms:
+            e = r.rtt_error_ms
+            parts.append(f"(error median {e['median']:.2f} p99 {e['p99']:.2f})")
+    else:
+        parts.append("no echo came back")
+
+    def pct(f: LossFigure) -> str:
+        rate = "n/a" if f.rate is None or math.isnan(f.rate) else f"{100 * f.rate:.1f}%"
+        mark = "" if f.within is None else (" ok" if f.within else " OUTSIDE 95% interval")
+        return f"{rate} of {f.of}{mark}"
+
+    parts.append(f"loss up {pct(r.loss_up)}, down {pct(r.loss_down)}")
+    if r.rx_user_space is not None:  # held after the kernel's stamp: who timed the echoes
+        stamped = r.received_back - r.rx_user_space
+        parts[-1] += ";"
+        parts.append(f"{stamped} of {r.received_back} timed by the holder's release stamps")
+        if r.rx_wake_ms_p50 is not None:
+            parts.append(f"(user-space times would add {r.rx_wake_ms_p50:.2f} ms, median)")
+    return " ".join(parts)
+
+
+def probe_backup(
+    lab: LinkSite,
+    requested: dict[str, LinkProfile],
+    count: int = 200,
+    interval_ms: float = 10.0,
+) -> dict[str, ProbeResult]:
+    """Probe each named device's backup link over its backup interface (`eth1` on a namespace
+    lab), against its requested profile, while its traffic may still use the primary path."""
+    plan = load_plan(lab)
+    after_hold = held_after_kernel_stamp(lab)  # as impaired with the primary path
+    site = backup_site(lab, plan)
+    iface = {end.name: end.iface for end in plan.devices} if plan else {}
+    groups: dict[tuple[str, str], list[str]] = {}
+    for device, profile in requested.items():
+        groups.setdefault((profile.model_dump_json(), iface[device]), []).append(device)
+    results: dict[str, ProbeResult] = {}
+    for (_, via), devices in groups.items():
+        results.update(
+            probe_links(
+                site,
+                list(devices),
+                requested[devices[0]],
+                count=count,
+                interval_ms=interval_ms,
+                via=via,
+                after_hold=after_hold,
+            )  # fmt: skip
+        )
+    return {d: results[d] for d in requested}

@@ -1,0 +1,241 @@
+"""One condition of the SLED family on a lab, as named steps, read top to bottom in
+`run_condition`: its links (applied and checked), its inputs, its agents, their records
+collected, and its tables.
+
+The mode decides which agents start: `sled` and `centralized` a verification server and one
+device agent per device; `device-only` the device agents alone (draft only, no server);
+`server-ad` / `server-sd` one `agents.sled.local` on the server host that answers every
+device's problems (each keeps its device's name), and no device agent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shlex
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from agents.workloads.arithmetic import Problem
+from agents.workloads.scoring import score
+from testbed.config.costs import load_cost_table
+from testbed.config.playbook import Condition
+from testbed.hosts.control import HostControl, RemoteProcess
+from testbed.hosts.inventory import InventoryHost
+from testbed.links.plan import condition_links
+from testbed.metrics.clocks import measure_offset
+from testbed.results.store import ConditionFolder
+from testbed.results.tables import tables_from_records
+from testbed.runner.agents import (
+    AGENT_ENV,
+    DEVICE_FILES,
+    SERVER_ALONE,
+    SERVER_FILES,
+    device_command,
+    fetch,
+    local_command,
+    model_on,
+    place_emulation,
+    server_command,
+    wait_for_exit,
+    wait_for_file,
+)
+from testbed.runner.context import RunContext, condition_devices, condition_dilation
+from testbed.runner.emulation import ConditionTime
+from testbed.runner.lab_key import ensure_lab_key, place_lab_key
+from testbed.runner.link_step import condition_link_step
+from testbed.runner.workload import arrivals_for, problems_for, write_problem_file
+
+READY_TIMEOUT_S = 120.0  # a server loads its model and listens within this (real time)
+
+
+@dataclass
+class Agents:
+    """The condition's agents: where each writes, and the processes started."""
+
+    server: InventoryHost
+    devices: list[InventoryHost]
+    records: str  # the records folder, relative to each host's workdir
+    workers: dict[str, RemoteProcess] = field(default_factory=dict)  # host -> agent answering
+    server_proc: RemoteProcess | None = None  # the verification server, if one runs
+    started: float = field(default_factory=time.time)  # the server's span starts here
+
+    def on(self, host: InventoryHost) -> str:
+        return f"{host.workdir}/{self.records}"
+
+
+def run_condition(ctx: RunContext, cond: Condition, folder: ConditionFolder) -> dict[str, Any]:
+    """Run one condition; returns the journal fields `link` and `metrics` (raises on failure)."""
+    pb = cond.playbook
+    devices = condition_devices(ctx.lab.inventory(), cond)
+    when = ConditionTime.starting_now(condition_dilation(cond))
+    links = condition_links(ctx.lab, [d.name for d in devices], pb, when.dilation)
+    profile = links.requested
+    ctx.say(f"{cond.id}: link rtt {profile.rtt_ms} ms, loss {profile.loss}"
+            + (f", time dilated x{when.dilation:g}" if when.dilation != 1 else ""))  # fmt: skip
+    with condition_link_step(ctx, links, when, folder, pb.impairment) as link:
+        problems = write_inputs(ctx, cond, devices, folder)
+        agents = Agents(ctx.lab.inventory().server, devices, f"runs/{cond.id}")
+        try:
+            start_agents(ctx, cond, agents, folder, when)
+            if ctx.dry_run:
+                return {"link": link.record, "metrics": {}}
+            wait_for_exit(ctx.hosts, list(agents.workers.values()),
+                          when.real_s(pb.condition_timeout_s))  # fmt: skip
+            info = collect(ctx, cond, agents, folder, when)
+        finally:
+            stop_agents(ctx.hosts, agents)
+        link.close()
+    reference = ctx.reference(problems, pb.workload.max_new_tokens)
+    return {"link": link.record, "metrics": tables(cond, folder, reference, info)}
+
+
+# --- the steps ------------------------------------------------------------------------------
+
+
+def write_inputs(
+    ctx: RunContext, cond: Condition, devices: list[InventoryHost], folder: ConditionFolder
+) -> list[Problem]:
+    """Each device's problems (and arrival times) in the condition's inputs; every problem."""
+    pb = cond.playbook
+    names = [d.name for d in devices]
+    problems = problems_for(pb.workload, names, None if ctx.dry_run else ctx.target_model)
+    arrivals = arrivals_for(pb.workload, names)
+    for name in names:
+        write_problem_file(problems[name], folder.inputs() / f"{name}.problems.jsonl",
+                           arrivals[name])  # fmt: skip
+    return [p for name in names for p in problems[name]]
+
+
+def start_agents(ctx: RunContext, cond: Condition, agents: Agents, folder: ConditionFolder,
+                 when: ConditionTime) -> None:  # fmt: skip
+    """Place each agent's inputs on its host and start it: the server (waited for until it
+    listens) and the devices, or the server alone answering every device's problems."""
+    pb, hosts, server = cond.playbook, ctx.hosts, agents.server
+    inputs = folder.inputs()
+    if pb.mode != "device-only":
+        fresh_records(hosts, server, agents.on(server))
+        place_emulation(hosts, server, cond, ctx.lab.emulated, when, inputs, agents.on(server))
+    target = model_on(server, "target_model", ctx.target_model)
+    agents.started = time.time()
+    if pb.mode in SERVER_ALONE:
+        names = [d.name for d in agents.devices]
+        every = inputs / f"{server.name}.problems.jsonl"
+        every.write_text(interleaved([inputs / f"{n}.problems.jsonl" for n in names], names))
+        hosts.put(server, every, f"{agents.on(server)}/problems.jsonl")
+        ctx.say(f"{cond.id}: answering every device's problems on {server.name} ({pb.mode})")
+        draft = model_on(server, "draft_model", ctx.draft_model)
+        command = local_command(server, cond, target, draft, agents.on(server))
+        agents.workers[server.name] = hosts.start(server, "sled-local", command, env=AGENT_ENV)
+        return
+    if pb.mode != "device-only":
+        ctx.say(f"{cond.id}: starting the verification server on {server.name}")
+        place_lab_key(hosts, [server, *agents.devices], ensure_lab_key(ctx.lab.runtime_dir))
+        agents.started = time.time()
+        command = server_command(server, cond, target, agents.on(server))
+        agents.server_proc = hosts.start(server, "sled-server", command, env=AGENT_ENV)
+        if not ctx.dry_run:
+            wait_for_file(hosts, server, f"{agents.on(server)}/ready", agents.server_proc,
+                          READY_TIMEOUT_S)  # fmt: skip
+    for dev in agents.devices:
+        fresh_records(hosts, dev, agents.on(dev))
+        hosts.put(dev, inputs / f"{dev.name}.problems.jsonl", f"{agents.on(dev)}/problems.jsonl")
+        place_emulation(hosts, dev, cond, ctx.lab.emulated, when, inputs, agents.on(dev))
+    ctx.say(f"{cond.id}: starting {len(agents.devices)} device agents")
+    agents.workers = hosts.start_all(
+        "sled-device",
+        lambda h: device_command(
+            h, server, cond, model_on(h, "draft_model", ctx.draft_model), agents.on(h)
+        ),  # fmt: skip
+        agents.devices,
+        env=AGENT_ENV,
+    )
+
+
+def collect(ctx: RunContext, cond: Condition, agents: Agents, folder: ConditionFolder,
+            when: ConditionTime) -> list[dict[str, Any]]:  # fmt: skip
+    """Stop the server, fetch every agent's records into the condition's `hosts/`, and return
+    what the controller knows of each host that ran (`hosts_info`)."""
+    hosts, server = ctx.hosts, agents.server
+    if agents.server_proc is not None:
+        hosts.stop(agents.server_proc)
+    span = (when.wall(agents.started), when.wall(time.time()))
+    alone = cond.playbook.mode in SERVER_ALONE
+    ran = ([server] if cond.playbook.mode != "device-only" else []) + ([] if alone else
+                                                                        agents.devices)  # fmt: skip
+    info = hosts_info(hosts, ran, server.name, span)
+    for h in [server] if alone else agents.devices:
+        fetch(hosts, h, agents.on(h), DEVICE_FILES, agents.workers[h.name], folder.host(h.name))
+    if agents.server_proc is not None:
+        fetch(hosts, server, agents.on(server), SERVER_FILES, agents.server_proc,
+              folder.host(server.name))  # fmt: skip
+    return info
+
+
+def tables(cond: Condition, folder: ConditionFolder, reference: dict[str, str],
+           info: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """Typed Parquet tables from the fetched records; returns the condition's figures (cost
+    from the playbook's `costs` file over the default table)."""
+    costs = cond.playbook.costs
+    return tables_from_records(
+        folder, cond.id, lambda r: score_requests(r, reference), cond.playbook.workload.slo,
+        hosts_info=info, costs=load_cost_table(Path(costs)) if costs else None,
+    )  # fmt: skip
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def fresh_records(hosts: HostControl, host: InventoryHost, path: str) -> None:
+    """An empty records folder on the host."""
+    hosts.run(host, f"rm -rf {shlex.quote(path)} && mkdir -p {shlex.quote(path)}")
+
+
+def stop_agents(hosts: HostControl, agents: Agents) -> None:
+    """Stop whatever agent still runs (a failed or interrupted condition)."""
+    procs = [*agents.workers.values(), *([agents.server_proc] if agents.server_proc else [])]
+    running = [p for p in procs if hosts.dry_run or hosts.is_alive(p)]
+    if running:
+        hosts.stop_all(running, grace_s=2)
+
+
+def interleaved(files: list[Path], dev_names: list[str]) -> str:
+    """The server-alone input: the devices' problem lines taken in turn, each with its `dev`."""
+    per_dev = [
+        [{"dev": d, **json.loads(line)} for line in f.read_text(encoding="utf-8").splitlines()]
+        for f, d in zip(files, dev_names)
+    ]
+    rows = [row for turn in itertools.zip_longest(*per_dev) for row in turn if row is not None]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def score_requests(requests: pd.DataFrame, reference: dict[str, str]) -> pd.DataFrame:
+    """Add strict/flexible correctness and agreement with the target's greedy answer."""
+    if requests.empty:
+        return requests
+    scored = [score(t, r) for t, r in zip(requests["text"], requests["reference"])]
+    requests["strict_correct"] = [s for s, _ in scored]
+    requests["flexible_correct"] = [f for _, f in scored]
+    requests["target_text"] = requests["problem"].map(reference)
+    requests["matches_target"] = requests["text"] == requests["target_text"]
+    return requests
+
+
+def hosts_info(hosts: HostControl, lab_hosts: Iterable[InventoryHost], server: str,
+               server_span: tuple[float, float]) -> list[dict[str, Any]]:  # fmt: skip
+    """Per host: role, class and clock offset to the controller (measured over SSH); the
+    server's span as timed by the controller."""
+    rows = []
+    for h in lab_hosts:
+        clock = measure_offset(lambda h=h: float(hosts.run(h, "date +%s.%N").stdout), probes=3)
+        row = {"dev": h.name, "role": h.role, "host_class": h.host_class,
+               "clock_offset_s": clock.offset_s, "clock_offset_err_s": clock.error_s}  # fmt: skip
+        if h.name == server:
+            row.update(t_start=server_span[0], t_end=server_span[1])
+        rows.append(row)
+    return rows

@@ -1,0 +1,41 @@
+"""What every condition of a run shares, and what each condition is run with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agents.workloads.arithmetic import Problem
+from testbed.config.playbook import Condition
+from testbed.hosts.control import HostControl
+from testbed.hosts.inventory import Inventory, InventoryHost
+from testbed.labs.interface import Lab
+
+
+@dataclass
+class RunContext:
+    """The lab, the hosts, the models and the console of a run."""
+
+    lab: Lab
+    hosts: HostControl
+    draft_model: str
+    target_model: str
+    # (problems, max_new) -> problem id -> the target's own greedy answer
+    reference: Callable[[list[Problem], int], dict[str, str]]
+    say: Callable[[str], None]
+    dry_run: bool = False
+
+
+def condition_devices(inv: Inventory, cond: Condition) -> list[InventoryHost]:
+    """The devices a condition runs on: the first `lab.devices` of the lab (all if unset)."""
+    devices = inv.devices
+    count = cond.playbook.lab.devices
+    return list(devices if count is None else devices[:count])
+
+
+def condition_dilation(cond: Condition) -> float:
+    """The condition's time dilation (the runner resolves `auto` before the condition)."""
+    value = cond.playbook.lab.time_dilation
+    if value == "auto":
+        raise ValueError(f"{cond.id}: lab.time_dilation auto was not resolved before the run")
+    return float(value)
