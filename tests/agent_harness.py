@@ -121,7 +121,7 @@ def run_past_the_limit(tmp_path: Path, target, draft_gguf: Path, room: int, trun
     """One problem whose session outgrows a server limit of its prompt + `room` tokens (the
     server truncates or refuses past it); returns (server thread, the device's rounds)."""
     from agents.engines.llama_cpp import LlamaCppEngine
-    from agents.sled.guard import Limits
+    from agents.sled.request_checks import Limits
 
     items = problems(1, seed=3)
     n_prompt = len(target.tokenize(items[0]["prompt"]))

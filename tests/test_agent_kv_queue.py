@@ -16,9 +16,9 @@ from agents.engines.llama_cpp import LlamaCppEngine
 from agents.engines.torch_hf import TorchEngine
 from agents.protocol import wire
 from agents.records import read_records
-from agents.sled.guard import Limits
 from agents.sled.kv_pool import KvPool, KvQueue
 from agents.sled.link import ServerLink
+from agents.sled.request_checks import Limits
 from agents.sled.server import main as server_main
 
 PROMPT = "Q: Tom has 3 apples. Sara gives Tom 4 more. How many apples"

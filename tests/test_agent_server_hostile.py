@@ -16,7 +16,7 @@ from agents.engines.torch_hf import TorchEngine
 from agents.protocol import wire
 from agents.protocol.auth import LabKey
 from agents.records import read_records
-from agents.sled.guard import Limits
+from agents.sled.request_checks import Limits
 
 PROMPT = "Q: Tom has 3 apples. Sara gives Tom 4 more. How many apples"
 

@@ -9,8 +9,8 @@ from agent_harness import KEY, ServerThread, run_past_the_limit
 from agents.engines.torch_hf import TorchEngine
 from agents.protocol import wire
 from agents.records import read_records
-from agents.sled.guard import Limits
 from agents.sled.link import ServerLink
+from agents.sled.request_checks import Limits
 from agents.sled.retry import FixedTimeout
 from agents.sled.truncation import dropped_tokens, window
 from agents.spec.acceptance import verify

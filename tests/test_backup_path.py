@@ -30,7 +30,7 @@ from testbed.labs.backup import (
 from testbed.labs.discover import tagged_processes
 from testbed.labs.system import SystemRunner
 from testbed.links.api import Impairment, apply, apply_each, clear, current, verify
-from testbed.links.nfqueue import BACKUP_QUEUE_BASE, Rule, holder_spec, plan_rules, restore_text
+from testbed.links.nfqueue import BACKUP_QUEUE_BASE, Rule, holder_config, plan_rules, restore_text
 from testbed.links.paths import impaired_paths
 from testbed.links.probe import probe_backup, probe_link
 from testbed.links.tcnetem import TcNetemBackend
@@ -48,11 +48,11 @@ def test_default_backup_subnet_follows_the_lab_subnet() -> None:
 
 def test_dry_run_prints_the_backup_links(tmp_path: Path) -> None:
     from testbed.labs.emulated import EmulatedLab
-    from testbed.labs.spec import LabSpec
+    from testbed.labs.setup import LabSetup
 
     runner = SystemRunner(dry_run=True, echo=lambda _line: None)
-    spec = LabSpec.build(name="kbdry", devices=2, subnet="10.89.9.0/24", state_dir=str(tmp_path))
-    lab = EmulatedLab.up(spec, runner=runner)
+    setup = LabSetup.build(name="kbdry", devices=2, subnet="10.89.9.0/24", state_dir=str(tmp_path))
+    lab = EmulatedLab.up(setup, runner=runner)
     plan = build_backup(lab)
     text = "\n".join(runner.actions)
     assert "ip -n tb-kbdry-sw link add br1 type bridge" in text
@@ -74,14 +74,14 @@ def _dry_backup_lab(tmp_path: Path):
     """A dry-run lab of 2 devices with a backup path (a dry run writes no plan: the lab's
     backup plan is the one `up` would make)."""
     from testbed.labs.emulated import EmulatedLab
-    from testbed.labs.spec import LabSpec
+    from testbed.labs.setup import LabSetup
 
     runner = SystemRunner(dry_run=True, echo=lambda _line: None)
     topo = Topology.star(2, LinkProfile(rtt_ms=85))
     for dev in ("dev1", "dev2"):
         topo.add_link(dev, "server", "5g", LinkProfile(rtt_ms=30), path="backup")
-    spec = LabSpec.build(name="kbdry", topology=topo, subnet="10.89.9.0/24", state_dir=tmp_path)
-    lab = EmulatedLab.up(spec, runner=runner)
+    setup = LabSetup.build(name="kbdry", topology=topo, subnet="10.89.9.0/24", state_dir=tmp_path)
+    lab = EmulatedLab.up(setup, runner=runner)
     assert not (lab.runtime_dir / PLAN_FILE).exists()
     return lab, runner
 
@@ -103,11 +103,11 @@ def test_holder_rules_cover_both_paths_with_distinct_queues(tmp_path: Path) -> N
     assert min(r.queue for r in backup) > max(r.queue for r in rules if r.path == "primary")
     text = restore_text(rules)  # one rule set for both paths
     assert "--physdev-in p-dev1" in text and "--physdev-in b-dev1" in text
-    spec = holder_spec(1, paths[0].devices, {"dev1": wifi}, {"dev1": five_g})
+    setup = holder_config(1, paths[0].devices, {"dev1": wifi}, {"dev1": five_g})
     q_up = BACKUP_QUEUE_BASE + 2
-    assert f"queue {q_up} 100000 0 dev1/backup up" in spec
-    assert f"phase {q_up} 0 15000 2000 uniform" in spec
-    assert "queue 102 100000 0 dev1 up" in spec and "phase 102 0 42500 0 uniform" in spec
+    assert f"queue {q_up} 100000 0 dev1/backup up" in setup
+    assert f"phase {q_up} 0 15000 2000 uniform" in setup
+    assert "queue 102 100000 0 dev1 up" in setup and "phase 102 0 42500 0 uniform" in setup
 
 
 def test_dry_run_apply_prints_both_paths(tmp_path: Path) -> None:
@@ -136,11 +136,11 @@ def test_netem_backend_shapes_the_backup_ports(tmp_path: Path) -> None:
 
 def test_backup_profiles_need_a_backup_path(tmp_path: Path) -> None:
     from testbed.labs.emulated import EmulatedLab
-    from testbed.labs.spec import LabSpec
+    from testbed.labs.setup import LabSetup
 
     runner = SystemRunner(dry_run=True, echo=lambda _line: None)
-    spec = LabSpec.build(name="kbno", devices=1, subnet="10.89.11.0/24", state_dir=tmp_path)
-    lab = EmulatedLab.up(spec, runner=runner)
+    setup = LabSetup.build(name="kbno", devices=1, subnet="10.89.11.0/24", state_dir=tmp_path)
+    lab = EmulatedLab.up(setup, runner=runner)
     with pytest.raises(ImpairmentError, match="no backup path"):
         apply_each(lab, {}, backend="nfqueue", runner=runner, backup={"dev1": LinkProfile()})
 
@@ -190,12 +190,14 @@ def _cut(runner: SystemRunner, sw: str, port: str) -> None:
 
 def test_cut_moves_traffic_to_backup_and_back(root_netns: None, tmp_path: Path) -> None:
     from testbed.labs.emulated import EmulatedLab
-    from testbed.labs.spec import LabSpec
+    from testbed.labs.setup import LabSetup
 
     topo = Topology.star(1, LinkProfile(rtt_ms=0))
     topo.add_link("dev1", "server", "5g", LinkProfile(rtt_ms=0), path="backup")
-    spec = LabSpec.build(name="kbk", topology=topo, subnet="10.89.7.0/24", state_dir=str(tmp_path))
-    lab = EmulatedLab.up(spec)  # a topology with backup links: the lab adds path and monitor
+    setup = LabSetup.build(
+        name="kbk", topology=topo, subnet="10.89.7.0/24", state_dir=str(tmp_path)
+    )
+    lab = EmulatedLab.up(setup)  # a topology with backup links: the lab adds path and monitor
     try:
         plan = load_plan(lab)
         assert plan is not None
@@ -277,14 +279,16 @@ def _on_backup(lab, netns: str, server_ip: str) -> bool:
 def test_backup_link_carries_its_own_profile_after_a_cut(root_netns: None, tmp_path: Path) -> None:
     from testbed.labs.clean import leftovers
     from testbed.labs.emulated import EmulatedLab
-    from testbed.labs.spec import LabSpec
+    from testbed.labs.setup import LabSetup
     from testbed.links.nfqueue import holder_tag
 
     wifi, five_g = LinkProfile(rtt_ms=10), LinkProfile(rtt_ms=30)
     topo = Topology.star(1, wifi)
     topo.add_link("dev1", "server", "5g", five_g, path="backup")
-    spec = LabSpec.build(name="kbp", topology=topo, subnet="10.89.1.0/24", state_dir=str(tmp_path))
-    lab = EmulatedLab.up(spec)
+    setup = LabSetup.build(
+        name="kbp", topology=topo, subnet="10.89.1.0/24", state_dir=str(tmp_path)
+    )
+    lab = EmulatedLab.up(setup)
     try:
         plan = load_plan(lab)
         assert plan is not None

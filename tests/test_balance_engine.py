@@ -76,7 +76,7 @@ def test_a_rewound_user_gets_the_same_round_again(engines):
 
 def test_kv_accounting_matches_the_growth_of_resident_memory(tiny_pair, tmp_path):
     from agents.balance.costmodel import CostModel, LoopStep, ModelCost, StepCost
-    from agents.balance.profile import model_config_kv_bytes
+    from agents.balance.measure import model_config_kv_bytes
     from agents.engines.torch_hf import TorchEngine
     from testbed.balance.validate import check_memory
 
@@ -105,7 +105,7 @@ def test_kv_accounting_matches_the_growth_of_resident_memory(tiny_pair, tmp_path
 
 
 def test_profile_times_every_step_in_turns_so_a_slow_moment_costs_one_run_of_each():
-    from agents.balance.profile import interleaved_medians
+    from agents.balance.measure import interleaved_medians
 
     order: list[str] = []
     clock = {"slow": False}
@@ -128,7 +128,7 @@ def test_profile_times_every_step_in_turns_so_a_slow_moment_costs_one_run_of_eac
 
 
 def test_profile_of_the_tiny_pair_fits_every_point_it_timed(tiny_pair):
-    from agents.balance.profile import measure_cost_model
+    from agents.balance.measure import measure_cost_model
 
     cost = measure_cost_model(
         tiny_pair.draft_hf, tiny_pair.target_hf, batches=(1, 4), repeats=3, idle_s=0.01

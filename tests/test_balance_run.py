@@ -192,7 +192,7 @@ def test_dry_run_names_the_balance_server(tmp_path):
     execute(playbook, dry_run=True, say=lines.append)
     text = "\n".join(lines)
     assert "agents.balance.server" in text and "--policy" in text
-    assert "agents.balance.profile" in text
+    assert "agents.balance.measure" in text
 
 
 def test_bad_deadline_range_names_the_key(tmp_path):

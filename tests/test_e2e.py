@@ -21,7 +21,7 @@ import yaml
 from conftest import require_root_netns
 
 from agents.workloads.gsm8k import default_path as gsm8k_default
-from testbed.labs import EmulatedLab, LabSpec, SystemRunner
+from testbed.labs import EmulatedLab, LabSetup, SystemRunner
 from testbed.labs.clean import leftovers
 from testbed.labs.physical import describe_namespace_lab
 from testbed.results.store import RunStore
@@ -214,7 +214,7 @@ def test_dry_run_prints_each_lab_kinds_commands(tmp_path, kind, needle):
     args = ["--lab", kind]
     if kind.startswith("inventory"):
         ns = EmulatedLab.up(
-            LabSpec(name="edry", devices=2, subnet="10.78.6.0/24", state_dir=tmp_path / "ns"),
+            LabSetup(name="edry", devices=2, subnet="10.78.6.0/24", state_dir=tmp_path / "ns"),
             runner=SystemRunner(dry_run=True, echo=lambda _l: None),
         )
         inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml",
@@ -247,8 +247,8 @@ def test_same_experiment_on_all_three_lab_kinds(root_netns, tmp_path, tiny_pair)
         kind: execute(playbook, out=tmp_path / kind, lab_kind=kind, say=lambda _m: None)
         for kind in ("namespaces", "mininet")
     }
-    spec = LabSpec(name="ehosts", devices=2, subnet="10.78.7.0/24", state_dir=tmp_path / "h")
-    with EmulatedLab.running(spec) as ns:
+    setup = LabSetup(name="ehosts", devices=2, subnet="10.78.7.0/24", state_dir=tmp_path / "h")
+    with EmulatedLab.running(setup) as ns:
         for where, middlebox in (("middlebox", True), ("hosts", False)):
             inv = describe_namespace_lab(
                 ns, ns.inventory_hosts(), tmp_path / f"{where}.yml", middlebox=middlebox

@@ -20,7 +20,7 @@ from agents.engines.torch_hf import TorchEngine
 from agents.protocol import wire
 from agents.protocol.auth import LabKey
 from agents.records import read_records
-from agents.sled.guard import Limits
+from agents.sled.request_checks import Limits
 
 N_DATAGRAMS = 10_000
 BURST = 100

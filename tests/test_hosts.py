@@ -116,12 +116,12 @@ def test_dry_run_prints_the_facts_it_would_read() -> None:
 @pytest.fixture(scope="module")
 def hc(tmp_path_factory: pytest.TempPathFactory):
     require_root_netns()
-    from testbed.labs import EmulatedLab, LabSpec
+    from testbed.labs import EmulatedLab, LabSetup
 
-    spec = LabSpec(
+    setup = LabSetup(
         name="fhost", devices=2, subnet="10.80.2.0/24", state_dir=tmp_path_factory.mktemp("fh")
     )
-    with EmulatedLab.running(spec) as lab, HostControl(lab.inventory()) as control:
+    with EmulatedLab.running(setup) as lab, HostControl(lab.inventory()) as control:
         yield control
 
 

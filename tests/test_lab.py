@@ -13,7 +13,7 @@ import pytest
 from conftest import require_root_netns
 
 from testbed.core.errors import BadInputError, LabError
-from testbed.labs import EmulatedLab, LabSpec, SystemRunner, clean_all, leftovers, naming
+from testbed.labs import EmulatedLab, LabSetup, SystemRunner, clean_all, leftovers, naming
 from testbed.labs.discover import is_lab_process, list_netns, root_links
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,19 +46,19 @@ def running(pid: int) -> bool:
 
 def test_spec_errors_name_the_field() -> None:
     with pytest.raises(BadInputError, match=r"name: .*lowercase"):
-        LabSpec.build("cli", name="Bad-Name")
+        LabSetup.build("cli", name="Bad-Name")
     with pytest.raises(BadInputError, match=r"devices"):
-        LabSpec.build("cli", devices=0)
+        LabSetup.build("cli", devices=0)
     with pytest.raises(BadInputError, match=r"room for 6 hosts, the lab needs 10"):
-        LabSpec.build("cli", devices=8, subnet="10.77.0.0/29")
+        LabSetup.build("cli", devices=8, subnet="10.77.0.0/29")
 
 
 def test_address_plan_and_names() -> None:
-    spec = LabSpec(name="x", devices=3, subnet="10.77.9.0/24")
-    hosts = spec.plan(Path("/s"))
+    setup = LabSetup(name="x", devices=3, subnet="10.77.9.0/24")
+    hosts = setup.plan(Path("/s"))
     assert [h.name for h in hosts] == ["server", "dev1", "dev2", "dev3"]
     assert [h.ip for h in hosts] == ["10.77.9.1", "10.77.9.2", "10.77.9.3", "10.77.9.4"]
-    assert spec.controller_ip() == "10.77.9.254"
+    assert setup.controller_ip() == "10.77.9.254"
     assert hosts[2].netns == "tb-x-dev2" and hosts[2].port == "p-dev2"
     assert hosts[0].workdir == Path("/s/hosts/server")
     longest = naming.controller_link("a" * 10)
@@ -79,8 +79,8 @@ def test_dry_run_prints_actions_and_creates_nothing(tmp_path: Path) -> None:
     printed: list[str] = []
     runner = SystemRunner(dry_run=True, echo=printed.append)
     state_dir = tmp_path / "state"
-    spec = LabSpec(name="tdry", devices=2, subnet="10.77.209.0/24", state_dir=state_dir)
-    lab = EmulatedLab.up(spec, runner=runner)
+    setup = LabSetup(name="tdry", devices=2, subnet="10.77.209.0/24", state_dir=state_dir)
+    lab = EmulatedLab.up(setup, runner=runner)
     text = "\n".join(printed)
     assert "[dry-run] ip netns add tb-tdry-sw" in text
     assert "ip link add eth0 netns tb-tdry-dev2 type veth peer name p-dev2 netns tb-tdry-sw" in text
@@ -98,8 +98,8 @@ def test_lab_from_a_mixed_topology_keeps_each_host_class(tmp_path: Path) -> None
     from testbed.topo.files import load_topology
 
     topo = load_topology(REPO / "topologies" / "mixed-fleet.yaml")
-    spec = LabSpec(name="adry", topology=topo, subnet="10.78.8.0/24", state_dir=tmp_path / "s")
-    lab = EmulatedLab.up(spec, runner=SystemRunner(dry_run=True, echo=lambda _l: None))
+    setup = LabSetup(name="adry", topology=topo, subnet="10.78.8.0/24", state_dir=tmp_path / "s")
+    lab = EmulatedLab.up(setup, runner=SystemRunner(dry_run=True, echo=lambda _l: None))
     assert lab.kind == "namespaces" and len(lab.devices) == 16
     classes = {h.name: h.host_class for h in lab.inventory().hosts}
     assert classes["server"] == "a100"
@@ -108,10 +108,10 @@ def test_lab_from_a_mixed_topology_keeps_each_host_class(tmp_path: Path) -> None
 
 
 def test_devices_rescale_the_default_star() -> None:
-    spec = LabSpec.build("cli", name="x", devices=5)
-    assert spec.devices == 5 and spec.topology.name == "star"
+    setup = LabSetup.build("cli", name="x", devices=5)
+    assert setup.devices == 5 and setup.topology.name == "star"
     with pytest.raises(BadInputError, match="devices"):
-        LabSpec.build("cli", devices=0)
+        LabSetup.build("cli", devices=0)
 
 
 # --- root: a real lab ----------------------------------------------------------------------
@@ -120,13 +120,13 @@ def test_devices_rescale_the_default_star() -> None:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory):
     require_root_netns()
-    spec = LabSpec(
+    setup = LabSetup(
         name="tlab",
         devices=3,
         subnet="10.77.201.0/24",
         state_dir=tmp_path_factory.mktemp("tlab"),
     )
-    with EmulatedLab.running(spec) as running:
+    with EmulatedLab.running(setup) as running:
         yield running
     assert system_leftovers("tlab") == []
 
@@ -177,16 +177,16 @@ def test_inventory_written_by_up(lab: EmulatedLab) -> None:
 
 
 def test_second_lab_with_same_name_is_refused(lab: EmulatedLab, tmp_path: Path) -> None:
-    spec = LabSpec(name="tlab", devices=1, subnet="10.77.208.0/24", state_dir=tmp_path)
+    setup = LabSetup(name="tlab", devices=1, subnet="10.77.208.0/24", state_dir=tmp_path)
     in_use = rf"already exists on this machine \(in use by process {os.getpid()}\)"
     with pytest.raises(LabError, match=in_use):
-        EmulatedLab.up(spec)
+        EmulatedLab.up(setup)
 
 
 def test_overlapping_subnet_is_refused(lab: EmulatedLab, tmp_path: Path) -> None:
-    spec = LabSpec(name="tother", devices=1, subnet="10.77.201.0/25", state_dir=tmp_path)
+    setup = LabSetup(name="tother", devices=1, subnet="10.77.201.0/25", state_dir=tmp_path)
     with pytest.raises(LabError, match="overlaps"):
-        EmulatedLab.up(spec)
+        EmulatedLab.up(setup)
     assert system_leftovers("tother") == []
 
 
@@ -196,8 +196,8 @@ def test_overlapping_subnet_is_refused(lab: EmulatedLab, tmp_path: Path) -> None
 def test_down_leaves_nothing_behind(root_netns: None, tmp_path: Path) -> None:
     from testbed.hosts import HostControl
 
-    spec = LabSpec(name="tdown", devices=2, subnet="10.77.206.0/24", state_dir=tmp_path / "s")
-    lab = EmulatedLab.up(spec)
+    setup = LabSetup(name="tdown", devices=2, subnet="10.77.206.0/24", state_dir=tmp_path / "s")
+    lab = EmulatedLab.up(setup)
     try:
         with HostControl(lab.inventory()) as hc:
             agent = hc.start("dev1", "sleeper", "sleep 300")  # an agent left running
@@ -214,10 +214,10 @@ CRASHER = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, {repo!r})
-    from testbed.labs import EmulatedLab, LabSpec
+    from testbed.labs import EmulatedLab, LabSetup
     from testbed.links.api import apply
     from testbed.topo.profile import LinkProfile
-    lab = EmulatedLab.up(LabSpec(name="tcrash", devices=2, subnet="10.77.205.0/24",
+    lab = EmulatedLab.up(LabSetup(name="tcrash", devices=2, subnet="10.77.205.0/24",
                                  state_dir={state!r}))
     apply(lab, LinkProfile(rtt_ms=20))
     print("up", flush=True)
@@ -254,8 +254,10 @@ def test_a_lab_abandoned_by_a_dead_owner_is_replaced_by_the_next_up(
     try:
         old_sshd = [x for x in system_leftovers("tcrash") if "sshd" in x]
         assert old_sshd
-        spec = LabSpec(name="tcrash", devices=1, subnet="10.77.205.0/24", state_dir=tmp_path / "s")
-        lab = EmulatedLab.up(spec)
+        setup = LabSetup(
+            name="tcrash", devices=1, subnet="10.77.205.0/24", state_dir=tmp_path / "s"
+        )
+        lab = EmulatedLab.up(setup)
         try:
             assert f"was left by process {proc.pid}, which has ended" in capfd.readouterr().err
             now = system_leftovers("tcrash")
@@ -269,8 +271,8 @@ def test_a_lab_abandoned_by_a_dead_owner_is_replaced_by_the_next_up(
 
 
 def test_clean_dry_run_lists_but_keeps(root_netns: None, tmp_path: Path) -> None:
-    spec = LabSpec(name="tkeep", devices=1, subnet="10.77.207.0/24", state_dir=tmp_path)
-    lab = EmulatedLab.up(spec)
+    setup = LabSetup(name="tkeep", devices=1, subnet="10.77.207.0/24", state_dir=tmp_path)
+    lab = EmulatedLab.up(setup)
     try:
         printed: list[str] = []
         clean_all("tkeep", runner=SystemRunner(dry_run=True, echo=printed.append))
@@ -289,9 +291,9 @@ def test_up_failure_rolls_back(root_netns: None, tmp_path: Path, monkeypatch) ->
         raise LabError("sshd refused to start (simulated)")
 
     monkeypatch.setattr(sshd, "start_sshd", broken)
-    spec = LabSpec(name="tfail", devices=1, subnet="10.77.210.0/24", state_dir=tmp_path)
+    setup = LabSetup(name="tfail", devices=1, subnet="10.77.210.0/24", state_dir=tmp_path)
     with pytest.raises(LabError, match="simulated"):
-        EmulatedLab.up(spec)
+        EmulatedLab.up(setup)
     assert system_leftovers("tfail") == []
 
 
@@ -301,9 +303,9 @@ def test_up_failure_rolls_back(root_netns: None, tmp_path: Path, monkeypatch) ->
 def _cli(*args: str):
     from typer.testing import CliRunner
 
-    from testbed.commands.lab import app
+    from testbed.cli import app
 
-    return CliRunner().invoke(app, list(args))
+    return CliRunner().invoke(app, ["lab", *args])
 
 
 def test_cli_dry_run_and_exit_codes(tmp_path: Path) -> None:

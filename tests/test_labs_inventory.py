@@ -17,7 +17,7 @@ from conftest import require_root_netns
 
 from testbed.core.errors import BadInputError
 from testbed.hosts.inventory import InventoryHost, inventory_document, load_inventory
-from testbed.labs import EmulatedLab, LabSpec, SystemRunner, lab_class
+from testbed.labs import EmulatedLab, LabSetup, SystemRunner, lab_class
 from testbed.labs.physical import InventoryLab, describe_namespace_lab
 from testbed.links.api import apply, clear
 from testbed.links.probe import probe_links, probe_packets
@@ -39,17 +39,17 @@ LOCAL = {"address": "localhost", "user": "root", "vars": {"ansible_connection": 
 
 def planned_namespace_lab(tmp_path: Path, topology: Topology | None = None) -> EmulatedLab:
     """A namespace lab as planned by a dry run (nothing is created): hosts to describe."""
-    spec = LabSpec(name="adry", topology=topology or Topology.star(2), subnet="10.78.2.0/24",
+    setup = LabSetup(name="adry", topology=topology or Topology.star(2), subnet="10.78.2.0/24",
                    state_dir=tmp_path / "ns")  # fmt: skip
-    return EmulatedLab.up(spec, runner=SystemRunner(dry_run=True, echo=lambda _l: None))
+    return EmulatedLab.up(setup, runner=SystemRunner(dry_run=True, echo=lambda _l: None))
 
 
 def dry_lab(tmp_path: Path, middlebox: dict) -> tuple[InventoryLab, list[str]]:
     printed: list[str] = []
     ns = planned_namespace_lab(tmp_path)
     inv = describe_as_inventory(ns, tmp_path / "inv.yml", middlebox)
-    spec = LabSpec(name="adryp", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
-    return InventoryLab.up(spec, runner=SystemRunner(dry_run=True, echo=printed.append)), printed
+    setup = LabSetup(name="adryp", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
+    return InventoryLab.up(setup, runner=SystemRunner(dry_run=True, echo=printed.append)), printed
 
 
 def test_kind_registry_knows_the_three_kinds():
@@ -70,8 +70,8 @@ def test_impairment_commands_go_over_ssh_to_the_middlebox(tmp_path):
     assert tc_or_rules
     assert all("ssh " in line and "root@192.0.2.9" in line for line in tc_or_rules)
     assert any("--physdev-in p-dev1" in line for line in printed)
-    # the holder's spec is written, and the holder started, on the middlebox too
-    holder = [line for line in printed if "holder.spec" in line]
+    # the holder's setup is written, and the holder started, on the middlebox too
+    holder = [line for line in printed if "holder.conf" in line]
     assert any("cat >" in line for line in holder) and any("setsid" in line for line in holder)
     assert all("root@192.0.2.9" in line for line in holder)
 
@@ -85,7 +85,7 @@ def test_host_without_a_middlebox_port_is_named(tmp_path):
         BadInputError,
         match="host 'server': middlebox_port: expected the name of the interface of middlebox mb",
     ):
-        InventoryLab.up(LabSpec(name="x", topology=ns.topology, inventory=path))
+        InventoryLab.up(LabSetup(name="x", topology=ns.topology, inventory=path))
 
 
 def test_inventory_without_middlebox_needs_each_hosts_link_interface(tmp_path):
@@ -97,12 +97,12 @@ def test_inventory_without_middlebox_needs_each_hosts_link_interface(tmp_path):
         match=r"host 'server': link_iface: expected the name of "
         r"its interface on the link \(the inventory has no middlebox\), got None",
     ):
-        InventoryLab.up(LabSpec(name="x", topology=ns.topology, inventory=path))
+        InventoryLab.up(LabSetup(name="x", topology=ns.topology, inventory=path))
     local = [h.model_copy(update={"vars": {"link_iface": "eth0", "ansible_connection": "local"}})
              for h in ns.inventory_hosts()]  # fmt: skip
     path.write_text(yaml.safe_dump(inventory_document(local, {})))
     with pytest.raises(BadInputError, match="host 'server': ansible_connection: expected ssh"):
-        InventoryLab.up(LabSpec(name="x", topology=ns.topology, inventory=path))
+        InventoryLab.up(LabSetup(name="x", topology=ns.topology, inventory=path))
 
 
 def test_inventory_without_hosts_of_the_topology_is_refused(tmp_path):
@@ -112,15 +112,15 @@ def test_inventory_without_hosts_of_the_topology_is_refused(tmp_path):
     mb = InventoryHost(name="mb", role="middlebox", workdir="/tmp", **LOCAL)
     path.write_text(yaml.safe_dump(inventory_document([server, mb], {})))
     with pytest.raises(BadInputError, match=r"needs host\(s\) \['dev1', 'dev2'\]"):
-        InventoryLab.up(LabSpec(name="x", topology=Topology.star(2), inventory=path))
+        InventoryLab.up(LabSetup(name="x", topology=Topology.star(2), inventory=path))
 
 
 @pytest.fixture(scope="module")
 def namespace_hosts(tmp_path_factory: pytest.TempPathFactory):
     require_root_netns()
-    spec = LabSpec(name="ainv", devices=2, subnet="10.78.1.0/24",
+    setup = LabSetup(name="ainv", devices=2, subnet="10.78.1.0/24",
                    state_dir=tmp_path_factory.mktemp("ainv"))  # fmt: skip
-    with EmulatedLab.running(spec) as lab:
+    with EmulatedLab.running(setup) as lab:
         yield lab
 
 
@@ -144,9 +144,9 @@ def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts,
     facts.parent.mkdir(parents=True, exist_ok=True)
     facts.write_text(json.dumps({"sch_netem": False, "backend": "userspace",
                                  "holder_path": str(built)}))  # fmt: skip
-    spec = LabSpec(name="ainvp", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
+    setup = LabSetup(name="ainvp", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
     said: list[str] = []
-    lab = InventoryLab.up(spec, progress=said.append)
+    lab = InventoryLab.up(setup, progress=said.append)
     # the hosts were not provisioned by the site playbook: read leniently, kept, said once
     assert lab.inventory().hosts == load_inventory(inv).hosts
     assert lab.from_facts == {"mb": {"holder_path": str(built)}}
@@ -208,11 +208,11 @@ def test_an_inventory_without_topology_is_its_own_star(tmp_path):
 def test_lab_impair_command_works_on_an_inventory(tmp_path):
     from typer.testing import CliRunner
 
-    from testbed.commands.lab import app
+    from testbed.cli import app
 
     ns = planned_namespace_lab(tmp_path)
     inv = describe_as_inventory(ns, tmp_path / "inv.yml", {"address": "192.0.2.9", "user": "root"})
-    res = CliRunner().invoke(app, ["impair", "--inventory", str(inv), "--name", "adryp",
+    res = CliRunner().invoke(app, ["lab", "impair", "--inventory", str(inv), "--name", "adryp",
                                    "--state-dir", str(tmp_path / "p"), "--backend", "nfqueue",
                                    "-d", "dev2", "--dry-run"])  # fmt: skip
     assert res.exit_code == 0, res.output
@@ -225,8 +225,8 @@ def test_without_a_middlebox_each_host_impairs_its_own_links(tmp_path):
     ns = planned_namespace_lab(tmp_path)
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml", middlebox=False)
     printed: list[str] = []
-    spec = LabSpec(name="adryh", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
-    lab = InventoryLab.up(spec, runner=SystemRunner(dry_run=True, echo=printed.append))
+    setup = LabSetup(name="adryh", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
+    lab = InventoryLab.up(setup, runner=SystemRunner(dry_run=True, echo=printed.append))
     assert lab.impaired_on_hosts and lab.describe()["impaired_on"] == "hosts"
     # the site playbook's facts: the reads printed, nothing contacted or taken
     reads = [line for line in printed if "/facts/" in line]
@@ -259,12 +259,12 @@ def test_hosts_impair_their_own_links_live(namespace_hosts, tmp_path):
     from testbed.config.playbook import ImpairmentSection
     from testbed.links.api import current, link_changes
     from testbed.links.hostside import hosts_have_netem
-    from testbed.runner.linkcheck import probe_checked
+    from testbed.runner.link_guard import probe_checked
 
     ns = namespace_hosts
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml", middlebox=False)
-    spec = LabSpec(name="ainvh", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
-    lab = InventoryLab.up(spec)
+    setup = LabSetup(name="ainvh", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
+    lab = InventoryLab.up(setup)
     try:
         asked = LinkProfile(rtt_ms=40, loss=0.1, seed=5)
         imp = apply(lab, asked)
@@ -315,13 +315,14 @@ def test_calibrate_on_the_hosts_measures_a_rate_limit(namespace_hosts, tmp_path)
 
     from typer.testing import CliRunner
 
-    from testbed.commands.lab import app
+    from testbed.cli import app
 
     ns = namespace_hosts
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml", middlebox=False)
     profiles = tmp_path / "profiles.yaml"
     profiles.write_text("r5: {rtt_ms: 10, rate_mbit: 5}\n")
-    args = ["calibrate", "--inventory", str(inv), "--name", "ainvr", "--profiles", str(profiles),
+    args = ["lab", "calibrate", "--inventory", str(inv), "--name", "ainvr",
+            "--profiles", str(profiles),
             "--state-dir", str(tmp_path / "p"), "-d", "dev1", "--count", "100", "--interval", "2",
             "--json"]  # fmt: skip
     res = CliRunner().invoke(app, args)
@@ -347,21 +348,21 @@ def test_a_backup_topology_needs_each_hosts_backup_address(tmp_path):
     hosts = [h.model_copy(update={"vars": {"link_iface": "eth0"}}) for h in ns.inventory_hosts()]
     path.write_text(yaml.safe_dump(inventory_document(hosts, {})))
     with pytest.raises(BadInputError, match="host 'server': backup_ip: expected its address on "):
-        InventoryLab.up(LabSpec(name="x", topology=ns.topology, inventory=path))
+        InventoryLab.up(LabSetup(name="x", topology=ns.topology, inventory=path))
     bad = [h.model_copy(update={"vars": {**h.vars, "backup_ip": "10.1.1.300"}}) for h in hosts]
     path.write_text(yaml.safe_dump(inventory_document(bad, {})))
     with pytest.raises(
         BadInputError, match="backup_ip: expected an IPv4 address, got '10.1.1.300'"
     ):
-        InventoryLab.up(LabSpec(name="x", topology=ns.topology, inventory=path))
+        InventoryLab.up(LabSetup(name="x", topology=ns.topology, inventory=path))
 
 
 @pytest.fixture(scope="module")
 def namespace_hosts_with_backup(tmp_path_factory: pytest.TempPathFactory):
     require_root_netns()
-    spec = LabSpec(name="abk", topology=backup_topology(), subnet="10.78.4.0/24",
+    setup = LabSetup(name="abk", topology=backup_topology(), subnet="10.78.4.0/24",
                    state_dir=tmp_path_factory.mktemp("abk"))  # fmt: skip
-    with EmulatedLab.running(spec) as lab:
+    with EmulatedLab.running(setup) as lab:
         yield lab
 
 
@@ -373,12 +374,12 @@ def test_inventory_lab_impairs_its_backup_path(namespace_hosts_with_backup, tmp_
     from testbed.links.api import apply_each
     from testbed.links.plan import backup_profiles
     from testbed.links.probe import probe_backup
-    from testbed.runner.linkcheck import probe_checked
+    from testbed.runner.link_guard import probe_checked
 
     ns = namespace_hosts_with_backup
     inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml", middlebox)
-    spec = LabSpec(name="abkp", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
-    lab = InventoryLab.up(spec)
+    setup = LabSetup(name="abkp", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
+    lab = InventoryLab.up(setup)
     assert lab.backup_plan is not None and lab.impaired_on_hosts is not middlebox
     try:
         wifi = {d.name: ns.topology.link(d.name).profile for d in lab.devices}

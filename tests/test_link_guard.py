@@ -11,7 +11,7 @@ import pytest
 from testbed.config.playbook import ImpairmentSection
 from testbed.core.errors import ImpairmentError
 from testbed.links.probe import ProbeResult, summarize
-from testbed.runner.linkcheck import probe_checked
+from testbed.runner.link_guard import probe_checked
 from testbed.topo.profile import LinkProfile
 
 WANT = LinkProfile(rtt_ms=40)

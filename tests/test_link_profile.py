@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from testbed.core.errors import BadInputError, ImpairmentError
-from testbed.labs import EmulatedLab, LabSpec, SystemRunner
-from testbed.links.nfqueue import holder_spec
+from testbed.labs import EmulatedLab, LabSetup, SystemRunner
+from testbed.links.nfqueue import holder_config
 from testbed.links.tcnetem import TcNetemBackend, netem_args
 from testbed.topo.profile import GilbertElliott, LinkProfile, ScheduleStep
 from testbed.topo.schedule import timeline
@@ -110,8 +110,8 @@ def test_netem_renders_gemodel_distribution_and_limit() -> None:
 
 
 def _dry_lab(tmp_path: Path) -> EmulatedLab:
-    spec = LabSpec(name="bprof", devices=2, subnet="10.79.210.0/24", state_dir=tmp_path)
-    return EmulatedLab.up(spec, runner=SystemRunner(dry_run=True, echo=lambda _l: None))
+    setup = LabSetup(name="bprof", devices=2, subnet="10.79.210.0/24", state_dir=tmp_path)
+    return EmulatedLab.up(setup, runner=SystemRunner(dry_run=True, echo=lambda _l: None))
 
 
 def test_netem_refuses_a_schedule_rather_than_ignoring_it(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_netem_refuses_a_schedule_rather_than_ignoring_it(tmp_path: Path) -> Non
         TcNetemBackend(SystemRunner(dry_run=True)).apply(lab, {"dev1": prof})
 
 
-def test_holder_spec_lists_every_phase_per_direction(tmp_path: Path) -> None:
+def test_holder_config_lists_every_phase_per_direction(tmp_path: Path) -> None:
     lab = _dry_lab(tmp_path)
     prof = LinkProfile(
         rtt_ms=85,
@@ -131,8 +131,8 @@ def test_holder_spec_lists_every_phase_per_direction(tmp_path: Path) -> None:
         seed=4,
         schedule=(ScheduleStep(at_s=2.5, loss=1.0),),
     )
-    spec = holder_spec(7, list(enumerate(lab.devices, start=1)), {"dev2": prof})
-    assert spec.splitlines() == [
+    setup = holder_config(7, list(enumerate(lab.devices, start=1)), {"dev2": prof})
+    assert setup.splitlines() == [
         "generation 7",
         "queue 104 100000 5 dev2 up",
         "phase 104 0 42500 1000 normal 0.05 0.5 1 0",

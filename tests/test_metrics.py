@@ -13,8 +13,8 @@ from testbed.config.costs import CostTable, HostCost
 from testbed.config.slo import Slo
 from testbed.core.stats import wilson_interval
 from testbed.metrics import acceptance_rate, mean_accepted_length
-from testbed.metrics.records import RECORDS, SCHEMAS, RoundRecord, schema_of
-from testbed.metrics.stats import ConditionStats
+from testbed.metrics.condition_stats import ConditionStats
+from testbed.metrics.schemas import RECORDS, SCHEMAS, RoundRecord, schema_of
 from testbed.results.tables import typed_table
 
 

@@ -23,9 +23,11 @@ def mininet_api():
 
 
 def _spec(name: str, subnet: str, tmp_path: Path, devices: int = 2):
-    from testbed.labs.spec import LabSpec
+    from testbed.labs.setup import LabSetup
 
-    return LabSpec.build(name=name, devices=devices, subnet=subnet, state_dir=str(tmp_path / "lab"))
+    return LabSetup.build(
+        name=name, devices=devices, subnet=subnet, state_dir=str(tmp_path / "lab")
+    )
 
 
 def test_mininet_is_loaded_from_debian_folder_alone(mininet_api) -> None:

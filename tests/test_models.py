@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from agents.engines.base import TokenizerMismatchError, check_same_tokenizer
 from agents.workloads.arithmetic import full_text, train_problems
-from testbed.commands.models import app
+from testbed.cli import app
 from testbed.core.errors import BadInputError, ExitCode
 from testbed.models import tiny
 from testbed.models.check import check_pair, resolve_model, resolve_pair
@@ -250,19 +250,21 @@ def test_tokenizer_mismatch_is_refused(tiny_pair, other_tokenizer_model: Path) -
 
 
 def test_cli_build_tiny_reports_the_cached_pair(tiny_pair, tmp_path: Path) -> None:
-    res = runner.invoke(app, ["build-tiny"])
+    res = runner.invoke(app, ["models", "build-tiny"])
     assert res.exit_code == 0, res.output
     assert str(tiny_pair.root) in res.output.replace("\n", "")
     draft_acc = tiny_pair.manifest["models"]["draft"]["heldout"]["exact_match"]
     assert f"{draft_acc:.1%}" in res.output
-    res = runner.invoke(app, ["build-tiny", "--out", str(tmp_path / "copy")])
+    res = runner.invoke(app, ["models", "build-tiny", "--out", str(tmp_path / "copy")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "copy" / "target.gguf").is_file()
 
 
 def test_cli_check_refuses_a_mismatch(tiny_pair, other_tokenizer_model: Path) -> None:
     res = runner.invoke(
-        app, ["check", str(other_tokenizer_model), str(tiny_pair.target_gguf)], terminal_width=300
+        app,
+        ["models", "check", str(other_tokenizer_model), str(tiny_pair.target_gguf)],
+        terminal_width=300,
     )
     assert res.exit_code == ExitCode.BAD_INPUT
     assert "refused" in res.output and "tokenizer mismatch" in res.output
@@ -271,11 +273,13 @@ def test_cli_check_refuses_a_mismatch(tiny_pair, other_tokenizer_model: Path) ->
 
 def test_cli_check_reports_a_table(tiny_pair) -> None:
     res = runner.invoke(
-        app, ["check", str(tiny_pair.root), "--prompts", "3", "--strict"], terminal_width=200
+        app,
+        ["models", "check", str(tiny_pair.root), "--prompts", "3", "--strict"],
+        terminal_width=200,
     )
     assert res.exit_code == 0, res.output
     assert "tokenizer ids agree" in res.output and "100.0%" in res.output
-    res = runner.invoke(app, ["check", "/nonexistent/model"])
+    res = runner.invoke(app, ["models", "check", "/nonexistent/model"])
     assert res.exit_code == ExitCode.BAD_INPUT
 
 

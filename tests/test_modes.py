@@ -18,10 +18,10 @@ import pytest
 
 from agents.engines.factory import load_engine
 from agents.spec.decoding import generate_ad
-from testbed.labs import EmulatedLab, LabSpec
+from testbed.labs import EmulatedLab, LabSetup
 from testbed.labs.clean import leftovers
 from testbed.labs.physical import describe_namespace_lab
-from testbed.metrics.stats import ConditionStats
+from testbed.metrics.condition_stats import ConditionStats
 from testbed.results.store import RunStore
 from testbed.results.tables import typed_table
 from testbed.runner.run import execute
@@ -136,8 +136,8 @@ def test_reference_modes_run_on_the_other_lab_kinds(root_netns, tmp_path, tiny_p
     if kind == "mininet":
         outcome = execute(playbook, out=tmp_path / "r", lab_kind=kind, say=lambda _m: None)
     else:
-        spec = LabSpec(name="mhosts", devices=1, subnet="10.91.2.0/24", state_dir=tmp_path / "h")
-        with EmulatedLab.running(spec) as ns:
+        setup = LabSetup(name="mhosts", devices=1, subnet="10.91.2.0/24", state_dir=tmp_path / "h")
+        with EmulatedLab.running(setup) as ns:
             inv = describe_namespace_lab(ns, ns.inventory_hosts(), tmp_path / "inv.yml")
             outcome = execute(playbook, out=tmp_path / "r", inventory=str(inv), say=lambda _m: None)
     assert (outcome.done, outcome.failed) == (2, 0), kind

@@ -17,7 +17,7 @@ from conftest import require_root_netns
 
 from testbed.core import stats
 from testbed.core.errors import BadInputError, ImpairmentError, PrivilegeError
-from testbed.labs import EmulatedLab, LabSpec, SystemRunner
+from testbed.labs import EmulatedLab, LabSetup, SystemRunner
 from testbed.links.api import apply, clear, current, verify
 from testbed.links.nfqueue import (
     CHAIN_DOWN,
@@ -80,8 +80,8 @@ def test_summarize_counts_each_direction() -> None:
 
 
 def _dry_lab(tmp_path: Path, devices: int = 2) -> EmulatedLab:
-    spec = LabSpec(name="bdry", devices=devices, subnet="10.79.209.0/24", state_dir=tmp_path)
-    return EmulatedLab.up(spec, runner=SystemRunner(dry_run=True, echo=lambda _l: None))
+    setup = LabSetup(name="bdry", devices=devices, subnet="10.79.209.0/24", state_dir=tmp_path)
+    return EmulatedLab.up(setup, runner=SystemRunner(dry_run=True, echo=lambda _l: None))
 
 
 def test_rules_match_only_the_device_server_path(tmp_path: Path) -> None:
@@ -156,10 +156,10 @@ def test_netem_backend_commands(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory):
     require_root_netns()
-    spec = LabSpec(
+    setup = LabSetup(
         name="bnet", devices=2, subnet="10.79.202.0/24", state_dir=tmp_path_factory.mktemp("bnet")
     )
-    with EmulatedLab.running(spec) as running:
+    with EmulatedLab.running(setup) as running:
         yield running
 
 

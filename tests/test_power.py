@@ -24,7 +24,7 @@ from agents.power import (
 from agents.records import read_records
 from testbed.cli import app
 from testbed.config.costs import DEFAULT_CLASSES, CostTable, HostCost, load_cost_table
-from testbed.metrics.stats import ConditionStats
+from testbed.metrics.condition_stats import ConditionStats
 from testbed.results.store import ConditionFolder
 from testbed.results.tables import tables_from_records
 

@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from testbed.cli import app
 from testbed.core.files import atomic_replace
-from testbed.metrics.records import SCHEMAS
+from testbed.metrics.schemas import SCHEMAS
+from testbed.results.condition_table import write_condition_table
 from testbed.results.manifest import model_digests
 from testbed.results.query import query, run_folders
-from testbed.results.report import write_condition_table
 from testbed.results.store import ConditionFolder, RunStore
 from testbed.results.tables import tables_from_records
 

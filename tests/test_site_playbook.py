@@ -122,11 +122,11 @@ def sha256(path: Path) -> str:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory, tiny_pair) -> Iterator[Site]:
     require_root_netns()
-    from testbed.labs import EmulatedLab, LabSpec
+    from testbed.labs import EmulatedLab, LabSetup
 
     root = tmp_path_factory.mktemp("fsite")
-    spec = LabSpec(name="fsite", devices=2, subnet="10.80.1.0/24", state_dir=root / "lab")
-    with EmulatedLab.running(spec) as lab:
+    setup = LabSetup(name="fsite", devices=2, subnet="10.80.1.0/24", state_dir=root / "lab")
+    with EmulatedLab.running(setup) as lab:
         yield Site(lab, root, tiny_pair)
 
 
@@ -243,7 +243,7 @@ def test_smoke_run_on_lab_kind_inventory_uses_what_ansible_placed(
     and contacts no host; a run starts the agents on the model files Ansible placed and
     verified (facts/models.json), and its manifest records what it took from the facts."""
     from testbed.hosts import HostControl
-    from testbed.labs import LabSpec
+    from testbed.labs import LabSetup
     from testbed.labs.physical import InventoryLab, describe_namespace_lab
     from testbed.links.api import apply, clear
     from testbed.runner.run import execute
@@ -264,10 +264,10 @@ def test_smoke_run_on_lab_kind_inventory_uses_what_ansible_placed(
         assert placed[h.name].startswith(f"{h.workdir}/models/")
 
     on_hosts = describe_namespace_lab(site.lab, hosts, tmp_path / "on-hosts.yml", middlebox=False)
-    spec = LabSpec(name="fsoh", topology=site.lab.topology, inventory=on_hosts,
+    setup = LabSetup(name="fsoh", topology=site.lab.topology, inventory=on_hosts,
                    state_dir=tmp_path / "on-hosts")  # fmt: skip
     said: list[str] = []
-    lab = InventoryLab.up(spec, progress=said.append)
+    lab = InventoryLab.up(setup, progress=said.append)
     try:
         apply(lab, LinkProfile(rtt_ms=40, loss=0.1), backend="nfqueue")
         for h in hosts:

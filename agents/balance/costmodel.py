@@ -1,6 +1,6 @@
 """The server's cost model: what one step of the engine loop costs and what it yields.
 
-Measured on the server host by `agents.balance.profile`, stored as JSON, and read back by
+Measured on the server host by `agents.balance.measure`, stored as JSON, and read back by
 the scheduler (per-user demands), the server's loop and the controller's simulator (step
 times, tokens per round). Step times are those of the loop's own steps (an AD step, an SD
 round, as `agents.balance.engine` runs them), back to back and after an idle wait, linear in

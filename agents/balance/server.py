@@ -25,7 +25,7 @@ from agents.balance.modes import MODE_NAMES
 from agents.balance.problem import Users, default_service
 from agents.balance.serve import Workload, serve
 from agents.emulation.pacing import pacing_rows
-from agents.emulation.settings import EmulationError, load_emulation
+from agents.emulation.settings import add_emulation_option, start_emulation
 from agents.engines.base import Engine
 from agents.engines.torch_hf import TorchEngine
 from agents.records import RecordWriter, read_records
@@ -85,18 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--records", required=True, help="folder for served.jsonl, summary.json")
-    ap.add_argument(
-        "--emulation",
-        type=Path,
-        help="JSON from the controller: time dilation, and the hardware and models this host "
-        "stands for (agents.emulation.settings)",
-    )
+    add_emulation_option(ap)
     args = ap.parse_args(argv)
-    try:
-        emulation = load_emulation(args.emulation)
-    except EmulationError as exc:
-        ap.error(str(exc))
-    emulation.start()
+    emulation = start_emulation(ap, args.emulation)
 
     cost = load_cost_model(Path(args.cost))
     rows = read_records(args.users)

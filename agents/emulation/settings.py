@@ -16,6 +16,7 @@ model.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from dataclasses import dataclass, field, fields
@@ -133,3 +134,24 @@ def load_emulation(path: Path | None) -> Emulation:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise EmulationError(f"{path}: not a JSON document ({exc})") from None
     return parse_emulation(data, str(path))
+
+
+def add_emulation_option(ap: argparse.ArgumentParser) -> None:
+    """The `--emulation` option every agent takes."""
+    ap.add_argument(
+        "--emulation",
+        type=Path,
+        help="JSON from the controller: time dilation, and the hardware and models this host "
+        "stands for (agents.emulation.settings)",
+    )
+
+
+def start_emulation(ap: argparse.ArgumentParser, path: Path | None) -> Emulation:
+    """The emulation in `path`, its clock started; a bad file ends the agent with its usage
+    error (naming the file and the key)."""
+    try:
+        emulation = load_emulation(path)
+    except EmulationError as exc:
+        ap.error(str(exc))
+    emulation.start()
+    return emulation

@@ -31,7 +31,7 @@ import numpy as np
 
 from agents.emulation import clock
 from agents.emulation.pacing import modelled_total_s, pacing_rows
-from agents.emulation.settings import EmulationError, load_emulation
+from agents.emulation.settings import add_emulation_option, start_emulation
 from agents.engines.base import Engine, TokenizerMismatchError
 from agents.engines.factory import load_engine
 from agents.power import PowerSampler, detect_source
@@ -495,12 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--probe-ms", type=float, default=200.0)
-    ap.add_argument(
-        "--emulation",
-        type=Path,
-        help="JSON from the controller: time dilation, and the hardware and draft model this "
-        "host stands for (agents.emulation.settings)",
-    )
+    add_emulation_option(ap)
     return ap
 
 
@@ -518,11 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode != "device-only" and not (args.server and args.key_file):
         ap.error(f"--mode {args.mode} needs --server and --key-file")
 
-    try:
-        emulation = load_emulation(args.emulation)
-    except EmulationError as exc:
-        ap.error(str(exc))
-    emulation.start()
+    emulation = start_emulation(ap, args.emulation)
     link = None  # device-only: no server, no network
     if args.mode != "device-only":
         link = ServerLink(args.server, key_for_agent(args.key_file, f"device {args.dev}"))

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from agents.emulation import clock
 from agents.emulation.pacing import pacing_rows
-from agents.emulation.settings import EmulationError, load_emulation
+from agents.emulation.settings import add_emulation_option, start_emulation
 from agents.engines.base import Engine
 from agents.engines.factory import load_engine
 from agents.power import PowerSampler, detect_source
@@ -112,20 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--problems", type=Path, required=True, help="JSON lines: dev, id, prompt")
     ap.add_argument("--records", type=Path, required=True, help="folder for record files")
-    ap.add_argument(
-        "--emulation",
-        type=Path,
-        help="JSON from the controller: time dilation, and the hardware and models this host "
-        "stands for (agents.emulation.settings)",
-    )
+    add_emulation_option(ap)
     args = ap.parse_args(argv)
     if args.mode == "sd" and not args.draft:
         ap.error("--mode sd needs --draft")
-    try:
-        emulation = load_emulation(args.emulation)
-    except EmulationError as exc:
-        ap.error(str(exc))
-    emulation.start()
+    emulation = start_emulation(ap, args.emulation)
     problems = load_problems(args.problems)
     if missing := [str(p["id"]) for p in problems if "dev" not in p]:
         ap.error(f"{args.problems}: problems {', '.join(missing)} lack the key 'dev'")

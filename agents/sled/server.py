@@ -37,7 +37,7 @@ import numpy as np
 
 from agents.emulation import clock
 from agents.emulation.pacing import last_modelled_ms, pacing_rows
-from agents.emulation.settings import EmulationError, load_emulation
+from agents.emulation.settings import add_emulation_option, start_emulation
 from agents.engines.base import Engine
 from agents.engines.factory import load_engine
 from agents.power import PowerSampler, detect_source
@@ -47,7 +47,8 @@ from agents.protocol.auth import LabKey, key_for_agent
 from agents.records import RecordWriter
 from agents.sled.batching import Shape, Strategy, padding_share, plan_groups
 from agents.sled.centralized import ContinuousBatcher
-from agents.sled.guard import (
+from agents.sled.kv_pool import KvPool, KvQueue, Policy, budget_tokens
+from agents.sled.request_checks import (
     Limits,
     Refusals,
     check_generate,
@@ -55,7 +56,6 @@ from agents.sled.guard import (
     check_rid,
     check_verify,
 )
-from agents.sled.kv_pool import KvPool, KvQueue, Policy, budget_tokens
 from agents.sled.truncation import dropped_tokens, slide_step, window
 from agents.spec.acceptance import verify
 from agents.spec.confidence import ConfidenceBuckets
@@ -625,12 +625,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--idle-s", type=float, default=120.0, help="expire sessions idle this long")
     ap.add_argument("--records", type=Path, required=True, help="folder for record files")
     ap.add_argument("--ready-file", type=Path, help="touched once the server listens")
-    ap.add_argument(
-        "--emulation",
-        type=Path,
-        help="JSON from the controller: time dilation, and the hardware and target model this "
-        "host stands for (agents.emulation.settings)",
-    )
+    add_emulation_option(ap)
     return ap
 
 
@@ -642,11 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prefill_chunk is not None and args.prefill_chunk < 1:
         ap.error("--prefill-chunk must be >= 1")
 
-    try:
-        emulation = load_emulation(args.emulation)
-    except EmulationError as exc:
-        ap.error(str(exc))
-    emulation.start()
+    emulation = start_emulation(ap, args.emulation)
     key = key_for_agent(args.key_file, "verification server")
     engine = load_engine(
         args.model, args.engine, args.device, args.threads, prefill_chunk=args.prefill_chunk

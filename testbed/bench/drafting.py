@@ -12,12 +12,9 @@ Rates are measured back to back in one process, variant by variant.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import typer
 
 VARIANTS = ("f32", "f16", "q8_0", "q4_0")
 
@@ -84,32 +81,3 @@ def acceptance(path: Path, target, prompts: list[list[int]], max_new: int) -> fl
         gen = generate_sd(draft, target, ids, max_new, 4)
         accepted, drafted = accepted + gen.accepted, drafted + gen.drafted
     return acceptance_rate(accepted, drafted) or 0.0
-
-
-def cli(
-    prompts: int = typer.Option(10, help="held-out problems"),
-    tokens: int = typer.Option(8, help="drafted tokens per round"),
-    seconds: float = typer.Option(2.0, help="timing per rate measurement"),
-    max_new: int = typer.Option(48, help="tokens per answer in the acceptance run"),
-) -> None:
-    """Quantized drafts (f32, f16, q8_0, q4_0): acceptance and drafting rate vs raw llama.cpp."""
-    from agents.engines.torch_hf import TorchEngine
-    from agents.workloads.arithmetic import heldout_problems, prompt
-    from testbed.models.tiny import ensure_tiny_pair
-
-    pair = ensure_tiny_pair()
-    target = TorchEngine(pair.target_hf, threads=1)
-    ids = [target.tokenize(prompt(p)) for p in heldout_problems(prompts, seed=3)]
-    with tempfile.TemporaryDirectory(prefix="drafts-") as tmp:
-        files = variant_files(pair.draft_hf, pair.draft_gguf, Path(tmp))
-        typer.echo(f"Draft variants on {prompts} prompts, rounds of {tokens} drafts, 1 thread")
-        for name in VARIANTS:
-            path = files[name]
-            fig = DraftFigure(name, path.stat().st_size, acceptance(path, target, ids, max_new),
-                              agent_rate(path, ids, tokens, seconds),
-                              raw_rate(path, ids, tokens, seconds))  # fmt: skip
-            typer.echo(
-                f"  {name:5s} {fig.bytes / 1024:7.1f} KiB  acceptance {fig.acceptance:.3f}  "
-                f"agent {fig.agent_tok_s:8.0f} tok/s  raw llama-cpp-python "
-                f"{fig.raw_tok_s:8.0f} tok/s  agent/raw {fig.agent_vs_raw:.1%} (goal >= 95 %)"
-            )

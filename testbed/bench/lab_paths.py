@@ -22,14 +22,12 @@ import statistics
 import threading
 import time
 
-import typer
-
 from agents.failover import socket_in
 from testbed.hosts.control import HostControl
 from testbed.labs.backup import build_backup, read_failovers, start_monitor
 from testbed.labs.drafting_rate import measure_drafting_rate
 from testbed.labs.emulated import EmulatedLab
-from testbed.labs.spec import LabSpec
+from testbed.labs.setup import LabSetup
 from testbed.models.tiny import ensure_tiny_pair
 from testbed.topo.profile import LinkProfile
 from testbed.topo.topology import TopoHost, TopoLink, Topology
@@ -63,11 +61,13 @@ def drafting(draft_as: str, tokens: int) -> None:
     from testbed.topo.catalogue import load_catalogue
 
     model = ensure_tiny_pair().draft_gguf
-    spec = LabSpec.build(name="hbench", topology=mixed(["pi5", "jetson-orin-nano"]), subnet=SUBNET)
+    setup = LabSetup.build(
+        name="hbench", topology=mixed(["pi5", "jetson-orin-nano"]), subnet=SUBNET
+    )
     pb = Playbook(name="bench", mode="device-only", models={"draft_as": draft_as})
     cat = load_catalogue()
     shape = cat.model(draft_as, "--draft-as")
-    with EmulatedLab.running(spec) as lab, HostControl(lab.inventory()) as hc:
+    with EmulatedLab.running(setup) as lab, HostControl(lab.inventory()) as hc:
         when = ConditionTime.starting_now(1.0)
         devices = lab.inventory().devices
         with tempfile.TemporaryDirectory() as tmp:
@@ -107,9 +107,9 @@ def drafting(draft_as: str, tokens: int) -> None:
 
 
 def switchover(cuts: int) -> None:
-    spec = LabSpec.build(name="hbench", devices=1, subnet=SUBNET)
+    setup = LabSetup.build(name="hbench", devices=1, subnet=SUBNET)
     to_backup, to_primary = [], []
-    with EmulatedLab.running(spec) as lab:
+    with EmulatedLab.running(setup) as lab:
         plan = build_backup(lab)
         log = start_monitor(lab, plan)
         dev, server = plan.devices[0], plan.server
@@ -184,15 +184,3 @@ def switchover(cuts: int) -> None:
         f"  failovers logged: {len(events)} (route change median "
         f"{statistics.median(e.route_ms for e in events):.1f} ms)"
     )
-
-
-def cli(
-    draft_as: str = typer.Option(
-        "llama-3.2-1b@q4_0", help="the catalogue model the tiny draft stands for"
-    ),
-    tokens: int = typer.Option(64, help="drafted tokens per round"),
-    cuts: int = typer.Option(5, help="times the primary link is cut"),
-) -> None:
-    """Host-class drafting rates (Pi 5 vs Jetson, paced) and backup-path switch-over times."""
-    drafting(draft_as, tokens)
-    switchover(cuts)

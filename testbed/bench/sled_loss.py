@@ -22,8 +22,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import typer
-
 from agents.engines.base import Engine
 from agents.protocol.auth import LabKey, new_key_text
 from agents.records import RecordWriter, read_records
@@ -148,34 +146,3 @@ def run_condition(target: Engine, drafts: list[Engine], policy: str, loss: float
     return LossFigure(policy, loss, sum(r["verified_tokens"] for r in reqs),
                       sum(r["fallback_tokens"] for r in reqs), span,
                       sum(r.dropped for r in relays), sum(r.sent for r in relays))  # fmt: skip
-
-
-def cli(
-    policies: str = typer.Option("fixed,adaptive,redundant", help="loss policies, comma-separated"),
-    losses: str = typer.Option("0,0.05,0.1", help="per-direction loss levels"),
-    devices: int = typer.Option(2, help="device agents"),
-    problems: int = typer.Option(6, help="problems per device"),
-    rtt_ms: float = typer.Option(85.0, help="emulated round-trip time"),
-    seed: int = typer.Option(1, help="seed of problems and losses"),
-) -> None:
-    """SLED verified-token throughput under loss, per loss policy, as a share of 0 % loss."""
-    from agents.engines.llama_cpp import LlamaCppEngine
-    from agents.engines.torch_hf import TorchEngine
-    from testbed.models.tiny import ensure_tiny_pair
-
-    pair = ensure_tiny_pair()
-    target = TorchEngine(pair.target_hf, threads=1)
-    drafts: list[Engine] = [LlamaCppEngine(pair.draft_gguf, n_threads=1) for _ in range(devices)]
-    levels = [float(x) for x in losses.split(",")]
-    typer.echo(f"SLED under loss: {devices} devices x {problems} problems, RTT {rtt_ms} ms "
-               "(loopback relay), verified tokens/s")  # fmt: skip
-    for policy in policies.split(","):
-        base = None
-        for loss in levels:
-            fig = run_condition(target, drafts, policy, loss, problems, rtt_ms, seed)
-            base = base or fig.verified_tok_s
-            typer.echo(
-                f"  {policy:9s} loss {loss:4.0%}: {fig.verified_tok_s:6.1f} tok/s verified "
-                f"({fig.verified_tok_s / base:6.1%} of 0 %), fallback {fig.fallback_tokens}, "
-                f"dropped {fig.datagrams_dropped}/{fig.datagrams} datagrams"
-            )

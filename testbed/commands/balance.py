@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from testbed.commands.exits import exit_codes
 from testbed.commands.number_lists import numbers
-from testbed.core.errors import TestbedError
 
 if TYPE_CHECKING:
     from agents.balance.costmodel import CostModel, StepCost
@@ -20,11 +20,8 @@ def _load_cost(path: Path) -> CostModel:
     """The cost model at path; a bad file exits with BAD_INPUT and the reason."""
     from testbed.balance.cost_file import read_cost_model
 
-    try:
+    with exit_codes():
         return read_cost_model(path)
-    except TestbedError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(exc.exit_code) from None
 
 
 def bench_balance(
@@ -86,7 +83,7 @@ def profile(
     ),
 ) -> None:
     """Measure the BALANCE cost model on this host with the tiny pair and store it as JSON."""
-    from agents.balance.profile import measure_cost_model
+    from agents.balance.measure import measure_cost_model
     from agents.emulation.settings import EmulationError, load_emulation
     from testbed.models.tiny import ensure_tiny_pair
 

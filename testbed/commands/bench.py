@@ -7,14 +7,10 @@ from pathlib import Path
 
 import typer
 
+from testbed.commands.exits import exit_codes
 from testbed.commands.number_lists import numbers
 
-app = typer.Typer(
-    help="Benchmarks: figures measured side by side in one run.", no_args_is_help=True
-)
 
-
-@app.command("sd")
 def sd(
     prompts: int = typer.Option(30, help="held-out problems to generate for"),
     draft_len: int = typer.Option(4, "--draft-len", "-k", help="drafted tokens per round (g)"),
@@ -61,7 +57,6 @@ def sd(
         json_out.write_text(json.dumps(figures, indent=2) + "\n")
 
 
-@app.command("verify")
 def verify(
     model: Path | None = typer.Option(None, help="target HF folder (default: the tiny target)"),
     device: str = typer.Option("cpu", help="torch device: cpu or cuda"),
@@ -90,7 +85,6 @@ def verify(
         )
 
 
-@app.command("gpu")
 def gpu(
     pair: Path | None = typer.Argument(None, help="tiny pair folder (default: the cached one)"),
     json_out: Path | None = typer.Option(None, "--json", help="also write the figures here"),
@@ -103,7 +97,6 @@ def gpu(
     main(pair or ensure_tiny_pair().root, json_out)
 
 
-@app.command("hardware")
 def hardware(
     json_out: Path | None = typer.Option(None, "--json", help="also write the figures here"),
     fit: bool = typer.Option(False, "--fit", help="refit every entry; print values and YAML"),
@@ -120,42 +113,158 @@ def hardware(
 
     from testbed.bench.hardware import run
     from testbed.bench.pacing import run_pacing
-    from testbed.core.errors import ExitCode, TestbedError
+    from testbed.core.errors import ExitCode
     from testbed.topo.catalogue import DEFAULT_PATH
 
     if write and not fit:
         typer.echo("--write: only with --fit (it writes the refitted values)", err=True)
         raise typer.Exit(ExitCode.BAD_INPUT)
-    try:
-        with Console(stderr=True).status("bench hardware") as status:
-            run(
-                catalogue or DEFAULT_PATH,
-                echo=typer.echo,
-                progress=lambda msg: status.update(msg),
-                refit=fit,
-                write=write,
-                live=live,
-                json_out=json_out,
+    with exit_codes(), Console(stderr=True).status("bench hardware") as status:
+        run(
+            catalogue or DEFAULT_PATH,
+            echo=typer.echo,
+            progress=lambda msg: status.update(msg),
+            refit=fit,
+            write=write,
+            live=live,
+            json_out=json_out,
+        )
+        if not fit:
+            pacing = run_pacing(typer.echo, lambda msg: status.update(msg))
+            if json_out:
+                figures = json.loads(json_out.read_text())
+                json_out.write_text(json.dumps({**figures, "pacing": pacing}, indent=1))
+
+
+def lab_paths(
+    draft_as: str = typer.Option(
+        "llama-3.2-1b@q4_0", help="the catalogue model the tiny draft stands for"
+    ),
+    tokens: int = typer.Option(64, help="drafted tokens per round"),
+    cuts: int = typer.Option(5, help="times the primary link is cut"),
+) -> None:
+    """Host-class drafting rates (Pi 5 vs Jetson, paced) and backup-path switch-over times."""
+    from testbed.bench.lab_paths import drafting, switchover
+
+    drafting(draft_as, tokens)
+    switchover(cuts)
+
+
+def sled_loss(
+    policies: str = typer.Option("fixed,adaptive,redundant", help="loss policies, comma-separated"),
+    losses: str = typer.Option("0,0.05,0.1", help="per-direction loss levels"),
+    devices: int = typer.Option(2, help="device agents"),
+    problems: int = typer.Option(6, help="problems per device"),
+    rtt_ms: float = typer.Option(85.0, help="emulated round-trip time"),
+    seed: int = typer.Option(1, help="seed of problems and losses"),
+) -> None:
+    """SLED verified-token throughput under loss, per loss policy, as a share of 0 % loss."""
+    from agents.engines.base import Engine
+    from agents.engines.llama_cpp import LlamaCppEngine
+    from agents.engines.torch_hf import TorchEngine
+    from testbed.bench.sled_loss import run_condition
+    from testbed.models.tiny import ensure_tiny_pair
+
+    pair = ensure_tiny_pair()
+    target = TorchEngine(pair.target_hf, threads=1)
+    drafts: list[Engine] = [LlamaCppEngine(pair.draft_gguf, n_threads=1) for _ in range(devices)]
+    levels = [float(x) for x in losses.split(",")]
+    typer.echo(f"SLED under loss: {devices} devices x {problems} problems, RTT {rtt_ms} ms "
+               "(loopback relay), verified tokens/s")  # fmt: skip
+    for policy in policies.split(","):
+        base = None
+        for loss in levels:
+            fig = run_condition(target, drafts, policy, loss, problems, rtt_ms, seed)
+            base = base or fig.verified_tok_s
+            typer.echo(
+                f"  {policy:9s} loss {loss:4.0%}: {fig.verified_tok_s:6.1f} tok/s verified "
+                f"({fig.verified_tok_s / base:6.1%} of 0 %), fallback {fig.fallback_tokens}, "
+                f"dropped {fig.datagrams_dropped}/{fig.datagrams} datagrams"
             )
-            if not fit:
-                pacing = run_pacing(typer.echo, lambda msg: status.update(msg))
-                if json_out:
-                    figures = json.loads(json_out.read_text())
-                    json_out.write_text(json.dumps({**figures, "pacing": pacing}, indent=1))
-    except TestbedError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(exc.exit_code) from None
 
 
-from testbed.commands.calibrate import link as _link  # noqa: E402
+def drafting(
+    prompts: int = typer.Option(10, help="held-out problems"),
+    tokens: int = typer.Option(8, help="drafted tokens per round"),
+    seconds: float = typer.Option(2.0, help="timing per rate measurement"),
+    max_new: int = typer.Option(48, help="tokens per answer in the acceptance run"),
+) -> None:
+    """Quantized drafts (f32, f16, q8_0, q4_0): acceptance and drafting rate vs raw llama.cpp."""
+    import tempfile
 
-app.command("link")(_link)
-from testbed.bench.dilation import cli as _dilation  # noqa: E402
-from testbed.bench.drafting import cli as _drafting  # noqa: E402
-from testbed.bench.lab_paths import cli as _lab_paths  # noqa: E402
-from testbed.bench.sled_loss import cli as _sled_loss  # noqa: E402
+    from agents.engines.torch_hf import TorchEngine
+    from agents.workloads.arithmetic import heldout_problems, prompt
+    from testbed.bench.drafting import (
+        VARIANTS,
+        DraftFigure,
+        acceptance,
+        agent_rate,
+        raw_rate,
+        variant_files,
+    )
+    from testbed.models.tiny import ensure_tiny_pair
 
-app.command("sled-loss")(_sled_loss)
-app.command("dilation")(_dilation)
-app.command("drafting")(_drafting)
-app.command("lab-paths")(_lab_paths)
+    pair = ensure_tiny_pair()
+    target = TorchEngine(pair.target_hf, threads=1)
+    ids = [target.tokenize(prompt(p)) for p in heldout_problems(prompts, seed=3)]
+    with tempfile.TemporaryDirectory(prefix="drafts-") as tmp:
+        files = variant_files(pair.draft_hf, pair.draft_gguf, Path(tmp))
+        typer.echo(f"Draft variants on {prompts} prompts, rounds of {tokens} drafts, 1 thread")
+        for name in VARIANTS:
+            path = files[name]
+            fig = DraftFigure(name, path.stat().st_size, acceptance(path, target, ids, max_new),
+                              agent_rate(path, ids, tokens, seconds),
+                              raw_rate(path, ids, tokens, seconds))  # fmt: skip
+            typer.echo(
+                f"  {name:5s} {fig.bytes / 1024:7.1f} KiB  acceptance {fig.acceptance:.3f}  "
+                f"agent {fig.agent_tok_s:8.0f} tok/s  raw llama-cpp-python "
+                f"{fig.raw_tok_s:8.0f} tok/s  agent/raw {fig.agent_vs_raw:.1%} (goal >= 95 %)"
+            )
+
+
+def dilation(
+    devices: int = typer.Option(8, help="devices (Pi 5 class) in the condition"),
+    problems: int = typer.Option(4, help="problems per device"),
+    dilations: str = typer.Option("1,2,4", help="time dilations to compare, comma-separated"),
+) -> None:
+    """The same condition at dilations 1, 2, 4: emulated-time figures and answers compared."""
+    import tempfile
+
+    from testbed.bench.dilation import answers, scaled_playbook
+    from testbed.results.store import RunStore
+    from testbed.runner.run import execute
+
+    try:
+        factors = [float(x) for x in dilations.split(",")]
+    except ValueError:
+        raise typer.BadParameter("expected numbers like 1,2,4", param_hint="--dilations") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        book = scaled_playbook(devices, problems, factors, Path(tmp))
+        outcome = execute(book, out=Path(tmp) / "runs", say=typer.echo)
+        assert outcome.store is not None
+        journal = RunStore(outcome.store.root).journal()
+        first = None
+        typer.echo(
+            f"\nSLED, {devices} Pi 5 devices (Llama-3.2-1B q4_0) + A100 (Llama-3.1-8B), 85 ms, "
+            f"{problems} problems each; figures in emulated time"
+        )
+        typer.echo(
+            f"{'dilation':>9}{'verified tok/s':>16}{'ratio':>8}{'e2e p50 ms':>12}"
+            f"{'behind':>10}{'same tokens':>13}"
+        )
+        for entry in journal:
+            m = entry.get("metrics") or {}
+            n = entry["values"]["lab.time_dilation"]
+            if entry["status"] != "done":
+                typer.echo(f"{n:>9g}  failed: {entry.get('reason')}")
+                continue
+            got = answers(outcome.store.root, entry["condition"])
+            if first is None:
+                first = (m["system_verified_tok_s"], got)
+            same = sum(got.get(k) == v for k, v in first[1].items())
+            typer.echo(
+                f"{n:>9g}{m['system_verified_tok_s']:>16.2f}"
+                f"{m['system_verified_tok_s'] / first[0]:>8.3f}{m['e2e_p50_ms']:>12.1f}"
+                f"{m['behind_forwards']:>5}/{m['paced_forwards']:<4}"
+                f"{same:>6}/{len(first[1]):<6}"
+            )

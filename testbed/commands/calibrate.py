@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from testbed.commands.lab_options import DevicesOpt, InventoryOpt, NameOpt, StateOpt
+from testbed.commands.exits import exit_codes
+from testbed.commands.lab_options import (
+    INTERRUPTED,
+    DevicesOpt,
+    InventoryOpt,
+    NameOpt,
+    StateOpt,
+    link_site,
+)
 
 if TYPE_CHECKING:
     from testbed.bench.link import ProfileTail
@@ -90,7 +98,6 @@ def calibrate(
 ) -> None:
     """Apply each profile, count packets on both sides of the hop, compare with the model (on a
     namespace lab, or with --inventory a physical lab's links)."""
-    from testbed.commands.lab import _guard, _site
     from testbed.links.calibrate import (
         DEFAULT_PROFILES,
         calibrate,
@@ -98,8 +105,8 @@ def calibrate(
         loss_verdict,
     )
 
-    with _guard():
-        site = _site(name, state_dir, inventory, False)
+    with exit_codes(INTERRUPTED):
+        site = link_site(name, state_dir, inventory, False)
         chosen = load_profiles(profiles) if profiles else DEFAULT_PROFILES
         rows = calibrate(site, chosen, device, count, interval, backend=backend)  # type: ignore[arg-type]
         _print(rows, as_json)
@@ -155,16 +162,15 @@ def link(
         GOAL_P99_MS,
         run_link_bench,
     )
-    from testbed.commands.lab import _guard
-    from testbed.labs import EmulatedLab, LabSpec
+    from testbed.labs import EmulatedLab, LabSetup
 
-    with _guard():
+    with exit_codes(INTERRUPTED):
         t0 = time.monotonic()
         if lab:
             site, own = EmulatedLab.find(lab), False
         else:
-            spec = LabSpec.build("bench link", name=lab_name, devices=devices, subnet=subnet)
-            site, own = EmulatedLab.up(spec), True
+            setup = LabSetup.build("bench link", name=lab_name, devices=devices, subnet=subnet)
+            site, own = EmulatedLab.up(setup), True
         up_s = time.monotonic() - t0
         try:
             res = run_link_bench(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from testbed.core.errors import TestbedError
+from testbed.commands.exits import exit_codes
 
 
 def capacity(
@@ -26,11 +26,8 @@ def capacity(
     from testbed.runner.capacity import run_capacity
 
     folder = out or results_dir() / f"capacity-{playbook.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
+    with exit_codes():
         result = run_capacity(playbook, rate, folder, low, high, say=typer.echo, mode=mode)
-    except TestbedError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(exc.exit_code) from None
     typer.echo(f"{'devices':>8} {'min verified tok/s per device':>30}")
     for n, figure in sorted(result.measured.items()):
         shown = "-" if figure is None else f"{figure:.2f}"

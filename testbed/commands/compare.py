@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from testbed.commands.exits import exit_codes
 from testbed.core.errors import ExitCode
 
 
@@ -22,16 +23,12 @@ def compare(
     from rich.table import Table
 
     from testbed.commands.report import resolve_run
-    from testbed.core.errors import TestbedError
     from testbed.report.compare import compare_runs, load_tolerances
     from testbed.report.data import load_run
 
-    try:
+    with exit_codes():
         a, b = load_run(resolve_run(run_a)), load_run(resolve_run(run_b))
         verdicts = compare_runs(a, b, load_tolerances(tolerances))
-    except TestbedError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(exc.exit_code) from None
     console = Console(width=max(Console().width, 140))
     table = Table(title=f"{a.name} (A) -> {b.name} (B)")
     for col in ("condition", "metric", "A", "B", "change", "verdict", "tolerance"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from testbed.core.errors import TestbedError
+from testbed.commands.exits import exit_codes
 
 
 def costs(
@@ -18,11 +18,8 @@ def costs(
     each figure comes from (the built-in defaults or FILE)."""
     from testbed.config.costs import CostTable, read_cost_file, with_defaults
 
-    try:
+    with exit_codes():
         given = read_cost_file(file) if file else None
-    except TestbedError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(exc.exit_code) from None
     table = with_defaults(given) if given else CostTable()
     from_file = set(given.classes) if given else set()
     price_from = file if given and "kwh_price" in given.model_fields_set else "defaults"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from testbed.commands.exits import exit_codes
 from testbed.core.errors import ExitCode
 
 
@@ -23,14 +24,13 @@ def dashboard(
 
     The pages open from disk (no server, no internet); --serve also serves them locally.
     """
-    from testbed.core.errors import TestbedError
     from testbed.core.paths import results_dir
     from testbed.report.compare import load_tolerances
     from testbed.report.dashboard import write_index, write_run_page
     from testbed.report.data import load_run, run_folders
 
     folder = Path(results) if results else results_dir()
-    try:
+    with exit_codes():
         if (folder / "manifest.json").is_file():
             page = write_run_page(load_run(folder))
             typer.echo(f"dashboard: {page}")
@@ -48,9 +48,6 @@ def dashboard(
             typer.echo(f"index: {index} ({len(runs)} runs)")
             typer.echo(f"dashboard: {pages[-1]}")
             root = folder
-    except TestbedError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(exc.exit_code) from None
     if serve:
         serve_folder(root, port)
 

@@ -7,68 +7,27 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from testbed.commands.lab_options import DevicesOpt, DryOpt, InventoryOpt, NameOpt, StateOpt
-from testbed.core.errors import ExitCode, TestbedError
+from testbed.commands.exits import exit_codes
+from testbed.commands.lab_options import (
+    INTERRUPTED,
+    DevicesOpt,
+    DryOpt,
+    InventoryOpt,
+    NameOpt,
+    StateOpt,
+    find_lab,
+    lab_runner,
+    link_site,
+)
+from testbed.core.errors import ExitCode
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-    from testbed.labs import EmulatedLab, LinkSite
-
-app = typer.Typer(
-    help="The emulated lab: network namespaces on a bridge, an sshd per host.",
-    no_args_is_help=True,
-)
-
-
-def _err(msg: str) -> None:
-    typer.secho(msg, fg=typer.colors.RED, err=True)
-
-
-@contextmanager
-def _guard() -> Iterator[None]:
-    """Turn testbed errors into a message and the matching exit code."""
-    try:
-        yield
-    except TestbedError as exc:
-        _err(f"error: {exc}")
-        raise typer.Exit(int(exc.exit_code)) from None
-    except KeyboardInterrupt:
-        _err("interrupted (run `testbed lab clean` if anything was left behind)")
-        raise typer.Exit(int(ExitCode.FAILED)) from None
-
-
-def _runner(dry_run: bool) -> Any:
-    from testbed.labs import SystemRunner
-
-    return SystemRunner(dry_run=dry_run)
-
-
-def _load(name: str, state_dir: Path | None, dry_run: bool = False) -> EmulatedLab:
     from testbed.labs import EmulatedLab
-
-    return EmulatedLab.find(name, state_dir, runner=_runner(dry_run))
-
-
-def _site(name: str, state_dir: Path | None, inventory: Path | None, dry_run: bool) -> LinkSite:
-    """The links to impair: a namespace lab's, or (with --inventory) a physical lab's."""
-    if inventory is None:
-        return _load(name, state_dir, dry_run)
-    from testbed.hosts.inventory import load_inventory
-    from testbed.labs import LabSpec
-    from testbed.labs.physical import InventoryLab, inventory_topology
-    from testbed.topo.profile import LinkProfile
-
-    topo = inventory_topology(load_inventory(inventory), LinkProfile())
-    spec = LabSpec.build("--inventory", name=name, topology=topo, inventory=inventory,
-                         state_dir=state_dir)  # fmt: skip
-    return InventoryLab.up(spec, runner=_runner(dry_run))
 
 
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
@@ -91,7 +50,6 @@ def _hosts_table(lab: EmulatedLab) -> None:
     )
 
 
-@app.command()
 def up(
     devices: Annotated[
         int | None,
@@ -106,8 +64,8 @@ def up(
     dry_run: DryOpt = False,
 ) -> None:
     """Create the lab: one namespace and sshd per host, a bridge, the controller attached."""
-    with _guard():
-        from testbed.labs import EmulatedLab, LabSpec
+    with exit_codes(INTERRUPTED):
+        from testbed.labs import EmulatedLab, LabSetup
         from testbed.topo.files import load_topology
 
         fields: dict[str, Any] = {"name": name, "subnet": subnet, "state_dir": state_dir}
@@ -115,10 +73,10 @@ def up(
             fields["topology"] = load_topology(topology)
         if devices is not None:
             fields["devices"] = devices  # rescales the topology (a star by default)
-        spec = LabSpec.build("testbed lab up", **fields)
+        setup = LabSetup.build("testbed lab up", **fields)
         say: Callable[[str], None] = lambda m: typer.echo(f"  {m}", err=True)  # noqa: E731
         lab = EmulatedLab.up(
-            spec, runner=_runner(dry_run), progress=None if dry_run else say, persistent=True
+            setup, runner=lab_runner(dry_run), progress=None if dry_run else say, persistent=True
         )
         if dry_run:
             return
@@ -127,13 +85,12 @@ def up(
         typer.echo(f"up in {lab.state.up_seconds:.2f} s; remove it: testbed lab down --name {name}")
 
 
-@app.command()
 def status(name: NameOpt = "lab", state_dir: StateOpt = None) -> None:
     """Show the lab's hosts as found on the system; exit 3 if anything is missing."""
-    with _guard():
+    with exit_codes(INTERRUPTED):
         from testbed.links.api import current
 
-        lab = _load(name, state_dir)
+        lab = find_lab(name, state_dir)
         st = lab.status()
         _table(
             f"lab {lab.name} ({'healthy' if st.healthy else 'NOT healthy'})",
@@ -161,7 +118,6 @@ def status(name: NameOpt = "lab", state_dir: StateOpt = None) -> None:
             raise typer.Exit(int(ExitCode.LAB))
 
 
-@app.command()
 def down(
     name: NameOpt = "lab",
     state_dir: StateOpt = None,
@@ -169,14 +125,13 @@ def down(
     dry_run: DryOpt = False,
 ) -> None:
     """Remove the lab (processes, namespaces, links, rules) and check nothing is left."""
-    with _guard():
-        lab = _load(name, state_dir, dry_run)
+    with exit_codes(INTERRUPTED):
+        lab = find_lab(name, state_dir, dry_run)
         removed = lab.down(keep_files=keep_files)
         if not dry_run:
             typer.echo(f"lab {name} is down ({len(removed)} objects removed)")
 
 
-@app.command()
 def clean(
     name: Annotated[
         str | None, typer.Option("--name", help="Only this lab (default: every tb- lab).")
@@ -184,10 +139,10 @@ def clean(
     dry_run: DryOpt = False,
 ) -> None:
     """Remove leftovers of crashed labs (namespaces, links, sshd/holders), with no state needed."""
-    with _guard():
+    with exit_codes(INTERRUPTED):
         from testbed.labs import clean_all
 
-        removed = clean_all(name, runner=_runner(dry_run))
+        removed = clean_all(name, runner=lab_runner(dry_run))
         if dry_run:
             return
         for item in removed:
@@ -195,7 +150,6 @@ def clean(
         typer.echo("nothing to clean" if not removed else f"{len(removed)} objects removed")
 
 
-@app.command()
 def impair(
     rtt: Annotated[float, typer.Option("--rtt", help="Round-trip time to add, ms.")] = 85.0,
     jitter: Annotated[float, typer.Option(help="Jitter per direction, ms (uniform).")] = 0.0,
@@ -221,7 +175,7 @@ def impair(
     dry_run: DryOpt = False,
 ) -> None:
     """Impair the device <-> server links (controller traffic is never impaired)."""
-    with _guard():
+    with exit_codes(INTERRUPTED):
         from testbed.links.api import apply
         from testbed.links.probe import format_result, probe_links
         from testbed.topo.profile import LinkProfile
@@ -232,7 +186,7 @@ def impair(
             profile = LinkProfile.build("testbed lab impair", **options)
         else:
             profile = _profile_from_file(profile_file, options)
-        lab = _site(name, state_dir, inventory, dry_run)
+        lab = link_site(name, state_dir, inventory, dry_run)
         imp = apply(lab, profile, device, backend=backend)
         if dry_run:
             return
@@ -261,7 +215,6 @@ def _profile_from_file(path: Path, options: dict[str, Any]) -> Any:
     return LinkProfile.build(str(path), **data)
 
 
-@app.command("clear")
 def clear_cmd(
     device: DevicesOpt = None,
     inventory: InventoryOpt = None,
@@ -270,15 +223,14 @@ def clear_cmd(
     dry_run: DryOpt = False,
 ) -> None:
     """Remove the impairment (of the given devices, default all)."""
-    with _guard():
+    with exit_codes(INTERRUPTED):
         from testbed.links.api import clear
 
-        left = clear(_site(name, state_dir, inventory, dry_run), device)
+        left = clear(link_site(name, state_dir, inventory, dry_run), device)
         if not dry_run:
             typer.echo("cleared" + (f"; still impaired: {sorted(left.profiles)}" if left else ""))
 
 
-@app.command("probe")
 def probe_cmd(
     device: DevicesOpt = None,
     count: Annotated[int, typer.Option(help="Probe packets per link.")] = 200,
@@ -289,18 +241,13 @@ def probe_cmd(
     state_dir: StateOpt = None,
 ) -> None:
     """Measure RTT and per-direction loss of device links against the applied profile."""
-    with _guard():
+    with exit_codes(INTERRUPTED):
         from testbed.links.probe import format_result, probe_links
 
-        site = _site(name, state_dir, inventory, False)
+        site = link_site(name, state_dir, inventory, False)
         results = probe_links(site, device, count=count, interval_ms=interval)
         for res in results.values():
             if as_json:
                 sys.stdout.write(res.model_dump_json() + "\n")
             else:
                 typer.echo(format_result(res))
-
-
-from testbed.commands.calibrate import calibrate as _calibrate  # noqa: E402
-
-app.command("calibrate")(_calibrate)

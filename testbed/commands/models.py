@@ -8,13 +8,7 @@ import typer
 
 from testbed.core.errors import ExitCode
 
-app = typer.Typer(
-    help="Models: build the tiny draft/target pair, check a pair across both engines.",
-    no_args_is_help=True,
-)
 
-
-@app.command("build-tiny")
 def build_tiny(
     out: Path | None = typer.Option(
         None, "--out", help="also copy the pair into this folder", file_okay=False
@@ -63,7 +57,6 @@ def build_tiny(
         )
 
 
-@app.command("check")
 def check(
     draft: Path = typer.Argument(
         ..., help="draft model: HF folder, .gguf file, or a tiny-pair folder (then omit TARGET)"

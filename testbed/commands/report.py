@@ -32,7 +32,11 @@ def report(
     """Print one row per condition; write the figures (PNG, SVG) and report.md into RUN/report/."""
     from testbed.report.data import RunData
     from testbed.report.write import write_report
-    from testbed.results.report import condition_frame, print_summary, write_condition_table
+    from testbed.results.condition_table import (
+        condition_frame,
+        print_summary,
+        write_condition_table,
+    )
     from testbed.results.store import RunStore
 
     store = RunStore(resolve_run(run))

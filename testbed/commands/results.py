@@ -8,8 +8,6 @@ import typer
 
 from testbed.core.errors import ExitCode
 
-app = typer.Typer(help="List runs, show one, query one or all of them with SQL (DuckDB).")
-
 
 def _base() -> Path:
     from testbed.core.paths import results_dir
@@ -37,7 +35,6 @@ def _print(headers: list[str], rows: list[tuple], title: str | None = None) -> N
     Console(width=200).print(table)
 
 
-@app.command("ls")
 def ls() -> None:
     """One line per run folder: id, created, playbook, conditions done / failed / planned."""
     from testbed.results.query import run_folders
@@ -56,11 +53,10 @@ def ls() -> None:
     _print(["run", "created", "playbook", "done", "failed", "planned"], rows)
 
 
-@app.command("show")
 def show(run: str = typer.Argument(..., help="run folder, or a run id under results/")) -> None:
     """The run's manifest essentials, its tables and its per-condition summary."""
     from testbed.commands.report import resolve_run
-    from testbed.results.report import condition_frame, print_summary
+    from testbed.results.condition_table import condition_frame, print_summary
     from testbed.results.store import RunStore
 
     store = RunStore(resolve_run(run))
@@ -81,7 +77,6 @@ def show(run: str = typer.Argument(..., help="run folder, or a run id under resu
     print_summary(df, title=f"run {store.root.name}")
 
 
-@app.command("query")
 def query_cmd(
     run: str = typer.Argument(..., help="run folder, run id, or `all` for every run"),
     sql: str = typer.Argument(..., help="SQL over the views runs, conditions, rounds, ..."),

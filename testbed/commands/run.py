@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from testbed.core.errors import ExitCode, TestbedError
+from testbed.commands.exits import exit_codes
+from testbed.core.errors import ExitCode
 
 
 def run(
@@ -37,7 +38,7 @@ def run(
         TimeRemainingColumn,
     )
 
-    from testbed.results.report import condition_frame, describe_condition, print_summary
+    from testbed.results.condition_table import condition_frame, describe_condition, print_summary
     from testbed.runner.run import execute
 
     console = Console()
@@ -61,27 +62,20 @@ def run(
     def say(msg: str) -> None:
         progress.console.print(msg, markup=False, highlight=False, style=None if dry_run else "dim")
 
-    try:
-        with progress:
-            outcome = execute(
-                playbook,
-                resume=resume,
-                out=out,
-                retry_failed=retry_failed,
-                dry_run=dry_run,
-                lab_kind=lab,
-                inventory=str(inventory) if inventory else None,
-                say=say,
-                on_condition=condition_done,
-                on_plan=lambda n: progress.update(task, total=n),
-                max_conditions=max_conditions,
-            )
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted: the lab is down; finish with --resume RUN[/yellow]")
-        raise typer.Exit(ExitCode.FAILED) from None
-    except TestbedError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(exc.exit_code) from None
+    with exit_codes("interrupted: the lab is down; finish with --resume RUN"), progress:
+        outcome = execute(
+            playbook,
+            resume=resume,
+            out=out,
+            retry_failed=retry_failed,
+            dry_run=dry_run,
+            lab_kind=lab,
+            inventory=str(inventory) if inventory else None,
+            say=say,
+            on_condition=condition_done,
+            on_plan=lambda n: progress.update(task, total=n),
+            max_conditions=max_conditions,
+        )
     if outcome.store is None:
         return
     df = condition_frame(outcome.store)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
+from testbed.commands.exits import exit_codes
 from testbed.config.playbook import DEFAULT_MAX_CONDITIONS
-from testbed.core.errors import TestbedError
 
 FULL_CHECK = 10_000  # up to this many conditions, validate resolves every one
 
@@ -22,7 +22,7 @@ def validate(
     from testbed.config.playbook import expand, lab_playbook, load_playbook
     from testbed.runner.run import check_conditions, run_topology
 
-    try:
+    with exit_codes():
         pb = load_playbook(playbook)
         sweep = expand(pb, str(playbook), max_conditions)
         whole = len(sweep) <= FULL_CHECK
@@ -33,9 +33,6 @@ def validate(
             sweep.check_values()
         # the models each host stands for: in the catalogue and within its memory
         check_conditions(sweep, run_topology(lab_playbook(pb), str(playbook)), str(playbook))
-    except TestbedError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(exc.exit_code) from None
     keys = ", ".join(f"{k} ({len(v)})" for k, v in pb.sweep.items()) or "no sweep"
     if sweep.repetitions > 1:
         keys += f"; {sweep.repetitions} repetitions each"

@@ -1,5 +1,5 @@
 """Labs: one `Lab` interface (`interface`), its kinds (`kinds`: namespaces, mininet, inventory),
-what a lab should look like (`spec`), and every system command through one runner (`system`)."""
+what a lab should look like (`setup`), and every system command through one runner (`system`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from testbed.labs.clean import clean_all, leftovers
 from testbed.labs.emulated import EmulatedLab, LabStatus
 from testbed.labs.interface import Lab, LinkSite
 from testbed.labs.kinds import LAB_KINDS, lab_class
-from testbed.labs.spec import LabHost, LabSpec
+from testbed.labs.setup import LabHost, LabSetup
 from testbed.labs.system import SystemRunner
 
 __all__ = [
@@ -15,7 +15,7 @@ __all__ = [
     "EmulatedLab",
     "Lab",
     "LabHost",
-    "LabSpec",
+    "LabSetup",
     "LabStatus",
     "LinkSite",
     "SystemRunner",

@@ -35,7 +35,7 @@ from testbed.core.errors import LabError
 from testbed.labs import naming
 from testbed.labs.discover import TAG_FLAG
 from testbed.labs.interface import LinkSite
-from testbed.labs.spec import LabHost
+from testbed.labs.setup import LabHost
 from testbed.labs.system import SystemRunner
 from testbed.topo.topology import PathKind
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from testbed.core.errors import LabError
 from testbed.labs import naming, owner
 from testbed.labs.discover import kill_pids, list_netns, netns_pids, root_links, tagged_processes
-from testbed.labs.spec import default_state_dir
+from testbed.labs.setup import default_state_dir
 from testbed.labs.state import STATE_FILE
 from testbed.labs.system import SystemRunner
 

@@ -28,7 +28,7 @@ from testbed.labs import naming, owner, sshd
 from testbed.labs.backup import build_backup, start_monitor
 from testbed.labs.clean import clean_all, remove_lab_objects, verify_gone
 from testbed.labs.discover import list_netns, pid_alive, root_links
-from testbed.labs.spec import LabHost, LabSpec
+from testbed.labs.setup import LabHost, LabSetup
 from testbed.labs.state import LabState
 from testbed.labs.system import SystemRunner, require_root
 from testbed.topo.topology import Topology
@@ -85,12 +85,12 @@ class EmulatedLab:
     @classmethod
     def up(
         cls,
-        spec: LabSpec,
+        setup: LabSetup,
         runner: SystemRunner | None = None,
         progress: Callable[[str], None] | None = None,
         persistent: bool = False,
     ) -> EmulatedLab:
-        """Create the lab described by `spec`; on any failure remove what was made and raise.
+        """Create the lab described by `setup`; on any failure remove what was made and raise.
 
         The lab belongs to this process (see `owner`) unless `persistent`: then it has no owner
         and stays until `down`. A lab of that name abandoned by a dead owner is removed first.
@@ -99,15 +99,15 @@ class EmulatedLab:
         say = progress or (lambda _msg: None)
         if not runner.dry_run:
             require_root()
-        state_dir = spec.resolved_state_dir().resolve()
+        state_dir = setup.resolved_state_dir().resolve()
         keys = sshd.LabKeys.under(state_dir)
         state = LabState(
-            spec=spec,
+            setup=setup,
             state_dir=state_dir,
-            hosts=spec.plan(state_dir),
-            controller_ip=spec.controller_ip(),
-            controller_link=naming.controller_link(spec.name),
-            bridge_netns=naming.bridge_netns(spec.name),
+            hosts=setup.plan(state_dir),
+            controller_ip=setup.controller_ip(),
+            controller_link=naming.controller_link(setup.name),
+            bridge_netns=naming.bridge_netns(setup.name),
             client_key=keys.client_key,
             inventory=state_dir / INVENTORY_FILE,
             created_at=time.time(),
@@ -115,7 +115,7 @@ class EmulatedLab:
         lab = cls(state, runner)
         lab._check_free()
         if not (runner.dry_run or persistent):
-            owner.claim(spec.name)
+            owner.claim(setup.name)
         t0 = time.monotonic()
         try:
             runner.remove_tree(lab.runtime_dir)  # stale state of an earlier lab of that name
@@ -123,7 +123,7 @@ class EmulatedLab:
             if not runner.dry_run:
                 state.save()
             say("keys")
-            sshd.generate_keys(runner, keys, comment=f"{naming.PREFIX}{spec.name}")
+            sshd.generate_keys(runner, keys, comment=f"{naming.PREFIX}{setup.name}")
             say("bridge")
             lab._make_bridge()
             say(f"{len(state.hosts)} hosts")
@@ -135,11 +135,11 @@ class EmulatedLab:
             for host in state.hosts:
                 runner.mkdir(host.workdir)
                 state.sshd_pid_files[host.name] = sshd.start_sshd(
-                    runner, state_dir, spec.name, host, spec.ssh_port, keys
+                    runner, state_dir, setup.name, host, setup.ssh_port, keys
                 )
             if not runner.dry_run:
-                sshd.wait_listening([(h.ip, spec.ssh_port) for h in state.hosts])
-            if spec.topology.has_backup:
+                sshd.wait_listening([(h.ip, setup.ssh_port) for h in state.hosts])
+            if setup.topology.has_backup:
                 say("backup path")
                 start_monitor(lab, build_backup(lab))
             runner.write_file(state.inventory, dump_inventory(lab.inventory_hosts(), lab._vars()))
@@ -157,9 +157,9 @@ class EmulatedLab:
 
     @classmethod
     @contextmanager
-    def running(cls, spec: LabSpec, runner: SystemRunner | None = None) -> Iterator[EmulatedLab]:
-        """`with EmulatedLab.running(spec) as lab:` - up, and always down at the end."""
-        lab = cls.up(spec, runner)
+    def running(cls, setup: LabSetup, runner: SystemRunner | None = None) -> Iterator[EmulatedLab]:
+        """`with EmulatedLab.running(setup) as lab:` - up, and always down at the end."""
+        lab = cls.up(setup, runner)
         try:
             yield lab
         finally:
@@ -175,7 +175,7 @@ class EmulatedLab:
         cls, name: str = "lab", state_dir: Path | None = None, runner: SystemRunner | None = None
     ) -> EmulatedLab:
         """The lab called `name` in its default state dir (or in `state_dir`)."""
-        return cls.load(state_dir or LabSpec.build(name=name).resolved_state_dir(), runner)
+        return cls.load(state_dir or LabSetup.build(name=name).resolved_state_dir(), runner)
 
     def down(self, keep_files: bool = False) -> list[str]:
         """Kill the lab's processes, delete its namespaces and links, then check nothing is left.
@@ -200,8 +200,8 @@ class EmulatedLab:
         return self.state.spec.name
 
     @property
-    def spec(self) -> LabSpec:
-        return self.state.spec
+    def setup(self) -> LabSetup:
+        return self.state.setup
 
     @property
     def topology(self) -> Topology:

@@ -3,7 +3,7 @@
 Every lab kind (see `testbed.labs.kinds`) is a class with this shape, so the runner swaps
 behaviour by passing a class, as Mininet does with its host and link classes:
 
-    lab = lab_class("namespaces").up(spec)      # or "mininet", "inventory"
+    lab = lab_class("namespaces").up(setup)      # or "mininet", "inventory"
     with HostControl(lab.inventory()) as hosts: ...
     apply(lab, profile)                          # backends only see the LinkSite part
     lab.down()
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from testbed.hosts.inventory import Inventory
-    from testbed.labs.spec import LabHost, LabSpec
+    from testbed.labs.setup import LabHost, LabSetup
     from testbed.labs.system import SystemRunner
     from testbed.topo.topology import Topology
 
@@ -68,7 +68,7 @@ class LinkSite(Protocol):
 
 
 class Lab(LinkSite, Protocol):
-    """A lab of some kind: brought up from a `LabSpec`, reached through its inventory."""
+    """A lab of some kind: brought up from a `LabSetup`, reached through its inventory."""
 
     kind: ClassVar[str]
     emulated: ClassVar[bool]
@@ -78,13 +78,13 @@ class Lab(LinkSite, Protocol):
     @classmethod
     def up(
         cls,
-        spec: LabSpec,
+        setup: LabSetup,
         runner: SystemRunner | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> Lab: ...
 
     @property
-    def spec(self) -> LabSpec: ...
+    def setup(self) -> LabSetup: ...
 
     @property
     def topology(self) -> Topology: ...

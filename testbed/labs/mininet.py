@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from testbed.core.errors import LabError, PrivilegeError
 from testbed.labs import naming
 from testbed.labs.emulated import EmulatedLab
-from testbed.labs.spec import LabHost
+from testbed.labs.setup import LabHost
 
 DEBIAN_MININET = Path("/usr/lib/python3/dist-packages/mininet")
 """Where Debian's `mininet` package puts its Python package (outside the virtualenv)."""
@@ -44,13 +44,13 @@ def import_mininet(where: Path = DEBIAN_MININET) -> ModuleType:
                     f"lab kind mininet needs the Mininet Python package ({init} not found): "
                     "apt-get install mininet"
                 ) from None
-            spec = importlib.util.spec_from_file_location(
+            found = importlib.util.spec_from_file_location(
                 "mininet", init, submodule_search_locations=[str(where)]
             )
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
+            assert found is not None and found.loader is not None
+            module = importlib.util.module_from_spec(found)
             sys.modules["mininet"] = module
-            spec.loader.exec_module(module)
+            found.loader.exec_module(module)
     for sub in ("log", "net", "node", "nodelib", "link"):
         importlib.import_module(f"mininet.{sub}")
     # `Mininet.init` would raise machine-wide limits and sysctls (tcp_rmem, kernel.pty.max,

@@ -63,7 +63,7 @@ from testbed.hosts.provisioned import (
 from testbed.labs import naming
 from testbed.labs.backup import BACKUP_IFACE, BackupPlan, PathEnd, load_plan
 from testbed.labs.interface import LinkSite
-from testbed.labs.spec import LabHost, LabSpec
+from testbed.labs.setup import LabHost, LabSetup
 from testbed.labs.system import SystemRunner
 from testbed.topo.profile import LinkProfile
 from testbed.topo.topology import Topology
@@ -113,11 +113,11 @@ class InventoryLab:
 
     def __init__(
         self,
-        spec: LabSpec,
+        setup: LabSetup,
         inventory: Inventory,
         runner: SystemRunner,
     ) -> None:
-        self._spec = spec
+        self._spec = setup
         self._inventory = inventory
         if len(inventory.middleboxes) > 1:
             raise BadInputError(
@@ -140,23 +140,23 @@ class InventoryLab:
         self._hosts = [self._lab_host(h) for h in on_hosts]
         self.from_facts: dict[str, dict[str, str]] = {}
         self.without_facts: list[str] = []
-        self.backup_plan = self._backup_plan(on_hosts) if spec.topology.has_backup else None
+        self.backup_plan = self._backup_plan(on_hosts) if setup.topology.has_backup else None
 
     @classmethod
     def up(
         cls,
-        spec: LabSpec,
+        setup: LabSetup,
         runner: SystemRunner | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> InventoryLab:
         """Read the inventory, check it holds the topology's hosts, and take their variables
         from what the site playbook left on them (`_take_facts`); nothing is created."""
-        if spec.inventory is None:
+        if setup.inventory is None:
             raise BadInputError("lab.inventory: required for lab kind inventory")
         runner = runner or SystemRunner()
         say = progress or (lambda _msg: None)
-        lab = cls(spec, load_inventory(spec.inventory), runner)
-        say(f"inventory {spec.inventory}: {len(lab.devices)} devices")
+        lab = cls(setup, load_inventory(setup.inventory), runner)
+        say(f"inventory {setup.inventory}: {len(lab.devices)} devices")
         lab._take_facts(runner, say)
         lab.runner.mkdir(lab.runtime_dir)
         return lab
@@ -287,7 +287,7 @@ class InventoryLab:
         return self._spec.name
 
     @property
-    def spec(self) -> LabSpec:
+    def setup(self) -> LabSetup:
         return self._spec
 
     @property

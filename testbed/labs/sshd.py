@@ -10,7 +10,7 @@ from pathlib import Path
 
 from testbed.core.errors import LabError, PrivilegeError
 from testbed.labs import naming
-from testbed.labs.spec import LabHost
+from testbed.labs.setup import LabHost
 from testbed.labs.system import SystemRunner
 
 PRIVSEP_DIR = Path("/run/sshd")

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from testbed.core.errors import LabError
 from testbed.core.files import atomic_write_text
-from testbed.labs.spec import LabHost, LabSpec
+from testbed.labs.setup import LabHost, LabSetup
 
 STATE_FILE = "state.json"
 
@@ -18,7 +18,7 @@ STATE_FILE = "state.json"
 class LabState(BaseModel):
     """Everything needed to use or remove a lab; written before and after each step of `up`."""
 
-    spec: LabSpec
+    setup: LabSetup
     state_dir: Path
     status: Literal["creating", "up", "failed"] = "creating"
     hosts: list[LabHost]

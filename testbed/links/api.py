@@ -28,7 +28,7 @@ from testbed.core.errors import ImpairmentError
 from testbed.core.files import atomic_write_text
 from testbed.labs.backup import load_plan
 from testbed.labs.interface import LinkSite
-from testbed.labs.spec import LabHost
+from testbed.labs.setup import LabHost
 from testbed.labs.system import SystemRunner
 from testbed.links import hostside
 from testbed.links.detect import BackendName, choose_backend

@@ -25,7 +25,7 @@ from testbed.core.errors import BadInputError
 from testbed.core.fanout import fan_out, raise_failures
 from testbed.core.loading import read_yaml
 from testbed.labs.interface import LinkSite
-from testbed.labs.spec import LabHost
+from testbed.labs.setup import LabHost
 from testbed.links.api import apply, clear
 from testbed.links.probe import RawProbe, probe_packets
 from testbed.topo.profile import GilbertElliott, LinkProfile
@@ -85,7 +85,7 @@ class Calibration(BaseModel):
     bursts_up: BurstCheck | None
     bursts_down: BurstCheck | None
     throughput_mbit: float | None  # echo payload throughput (rate-limited profiles)
-    holder_generation: int | None = None  # the packet holder's spec while it was measured
+    holder_generation: int | None = None  # the packet holder's config while it was measured
     started_at: float | None = None  # wall clock (s): the profile's probes began ...
     ended_at: float | None = None  # ... and every link's probes had ended
     # per echo: (when it left the device, when its echo left the server) on CLOCK_MONOTONIC

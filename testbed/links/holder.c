@@ -4,9 +4,9 @@
  * queue's Gilbert-Elliott chain (random loss is a one-state chain), or held for the delay plus a
  * jitter drawn from the queue's distribution and then accepted, in arrival order (never
  * reordered). A queue steps through phases (a schedule): phase i applies from AT_US after the
- * spec was loaded; packets already held keep their release time.
+ * config was loaded; packets already held keep their release time.
  *
- * Spec file (re-read on SIGHUP: a queue whose phases changed restarts its clock at the reload,
+ * Config file (re-read on SIGHUP: a queue whose phases changed restarts its clock at the reload,
  * one whose phases are repeated keeps running as it was; queues no longer named are released
  * and unbound; a queue's LIMIT is fixed when it is first bound):
  *   generation N
@@ -14,7 +14,7 @@
  *   phase QNUM AT_US DELAY_US JITTER_US DIST P R ONE_MINUS_H ONE_MINUS_K
  * DIST is uniform | normal | pareto | paretonormal (sigma = JITTER_US for the last three).
  * Every phase change is appended to the --log file as one JSON line stamped with wall-clock
- * time, and after each load the generation number is written to SPEC.ack.
+ * time, and after each load the generation number is written to CONFIG.ack.
  *
  * Accuracy: the hold counts from the packet's kernel receive timestamp (switched on by holding
  * one SO_TIMESTAMP socket), not from when it was read; a packet without one (the kernel clears
@@ -45,7 +45,7 @@
  * unstamped (counted as probe_unstamped).
  *
  * usage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] [--log FILE] [--no-backup |
- *                  --backup-only] [--stamp-probes] SPEC
+ *                  --backup-only] [--stamp-probes] CONFIG
  * Prints "ready" on stdout once every queue is bound; on SIGTERM/SIGINT releases what it holds,
  * prints per-queue counts on stderr and exits 0. Counts are per generation: a reload first
  * prints each queue's counts under the generation it replaces, then starts them afresh.
@@ -598,8 +598,8 @@ static int parse_dist(const char *s) {
     return -1;
 }
 
-/* Read SPEC: bind new queues, replace every queue's phases, unbind queues not named. */
-static int load_spec(const char *path) {
+/* Read CONFIG: bind new queues, replace every queue's phases, unbind queues not named. */
+static int load_config(const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) { fprintf(stderr, "tb-holder: cannot open %s: %s\n", path, strerror(errno)); return -1; }
     char line[512], link[64], dir[8], dist[16];
@@ -690,13 +690,13 @@ static void on_signal(int sig) {
 
 static int usage(const char *msg) {
     fprintf(stderr, "tb-holder: %s\nusage: tb-holder [--tag TAG] [--seed N] [--rt-prio N] "
-                    "[--log FILE] [--no-backup | --backup-only] [--stamp-probes] SPEC\n", msg);
+                    "[--log FILE] [--no-backup | --backup-only] [--stamp-probes] CONFIG\n", msg);
     return 2;
 }
 
 int main(int argc, char **argv) {
     int rt_prio = 0, backup = 1;
-    const char *spec = NULL, *log_path = NULL;
+    const char *config = NULL, *log_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tag") && i + 1 < argc) { i++; continue; }
         if (!strcmp(argv[i], "--seed") && i + 1 < argc) { seed = strtoull(argv[++i], NULL, 10) + 1; continue; }
@@ -705,10 +705,10 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--no-backup")) { backup = 0; continue; }
         if (!strcmp(argv[i], "--backup-only")) { backup_only = 1; continue; }
         if (!strcmp(argv[i], "--stamp-probes")) { stamp_probes = 1; continue; }
-        if (spec) return usage("more than one spec file");
-        spec = argv[i];
+        if (config) return usage("more than one config file");
+        config = argv[i];
     }
-    if (!spec) return usage("no spec file");
+    if (!config) return usage("no config file");
     if (backup_only && !backup) return usage("--backup-only and --no-backup exclude each other");
     prctl(PR_SET_TIMERSLACK, 1UL);
     if (rt_prio > 0) {
@@ -731,7 +731,7 @@ int main(int argc, char **argv) {
 
     nfq = nfq_open();
     if (!nfq) { perror("tb-holder: nfq_open"); return 1; }
-    if (load_spec(spec) != 0) return 1;
+    if (load_config(config) != 0) return 1;
     nfnl_rcvbufsiz(nfq_nfnlh(nfq), 64 << 20);
     int fd = nfq_sock = nfq_fd(nfq);
     int one = 1;
@@ -761,7 +761,7 @@ int main(int argc, char **argv) {
             pthread_mutex_lock(&queues_lock);
             for (int i = 0; i < n_queues; i++) flush_counts(queues[i]);
             flush_held_up();
-            int rc = load_spec(spec);
+            int rc = load_config(config);
             pthread_mutex_unlock(&queues_lock);
             if (rc != 0) fprintf(stderr, "tb-holder: reload failed; kept going\n");
         }

@@ -1,14 +1,14 @@
 """The packet holder process (holder.c) on one machine, driven only through a SystemRunner.
 
-Every file (spec, ack, pid, log, profile changes) lives in one folder on that machine and every
+Every file (config, ack, pid, log, profile changes) lives in one folder on that machine and every
 step is a shell command through the runner, so the same code runs the holder of a bridge
 namespace here, of a middlebox over SSH, and of each host of a lab impaired on its hosts:
-- `load(spec)`: a running holder re-reads the spec on SIGHUP and acknowledges it in
-  `holder.spec.ack` (held packets keep their release time); otherwise a new holder starts,
+- `load(config)`: a running holder re-reads the config on SIGHUP and acknowledges it in
+  `holder.conf.ack` (held packets keep their release time); otherwise a new holder starts,
   detached (`setsid`), and is ready once it prints `ready`;
 - `pid()`: the running holder, checked by its `--tag` (not only by a pid that may be reused);
 - `stop()`: SIGTERM (it releases what it holds), then SIGKILL if it lingers;
-- `release_counts()`: per queue and spec generation, what the holder released and how late its
+- `release_counts()`: per queue and config generation, what the holder released and how late its
   own timers let it release (its log: each reload writes the counts of the generation it
   replaces, the stop those of the last), for the holder last started;
 - `held_up()`: per generation, the spells in which neither of its releasers ran (the same log).
@@ -32,7 +32,7 @@ from testbed.core.errors import BadInputError, ImpairmentError
 from testbed.labs.system import SystemRunner
 from testbed.links.holder_build import find_holder
 
-SPEC_FILE, CHANGES_FILE = "holder.spec", "link-changes.jsonl"
+CONFIG_FILE, CHANGES_FILE = "holder.conf", "link-changes.jsonl"
 READY_TIMEOUT_S = 10.0
 RT_PRIO = 20  # SCHED_FIFO: releases on time even when agents load every CPU
 POLL_LOCAL_S, POLL_REMOTE_S = 0.005, 0.05  # how often a reply is looked for
@@ -59,7 +59,7 @@ HELD_UP_SPELL = re.compile(
 
 @dataclass(frozen=True)
 class HeldUp:
-    """Under one spec generation, the spells in which both of the holder's releasers were held
+    """Under one config generation, the spells in which both of the holder's releasers were held
     up more than 0.5 ms (the p99 goal: woke that late after their timers, or took that long
     over a pass of microseconds) with delays overlapping by as much: neither ran (on a VM, the
     hypervisor held up both virtual CPUs), so every packet due then went out late."""
@@ -74,7 +74,7 @@ class HeldUp:
 
 @dataclass(frozen=True)
 class ReleaseCounts:
-    """One queue (a direction of a link) under one spec generation: the packets it released,
+    """One queue (a direction of a link) under one config generation: the packets it released,
     and how many of them its own timers released more than 0.5 ms after their due time, and
     the latest (as holder.c measures it, from the due time it armed)."""
 
@@ -185,8 +185,8 @@ class HolderProcess:
         self.runner, self.given_binary, self.tag, self.netns = runner, binary, tag, netns
         self.flags = flags
         self.dir = PurePosixPath(folder)
-        self.spec, self.pid_file = self.dir / SPEC_FILE, self.dir / "holder.pid"
-        self.ack, self.out = self.dir / f"{SPEC_FILE}.ack", self.dir / "holder.out"
+        self.config, self.pid_file = self.dir / CONFIG_FILE, self.dir / "holder.pid"
+        self.ack, self.out = self.dir / f"{CONFIG_FILE}.ack", self.dir / "holder.out"
         self.log, self.changes = self.dir / "holder.log", self.dir / CHANGES_FILE
         self.poll_s = POLL_REMOTE_S if runner.remote else POLL_LOCAL_S
 
@@ -216,27 +216,27 @@ class HolderProcess:
         return int(text) if text.isdigit() else None
 
     def generation(self) -> int:
-        """The generation of the spec last written (0 for none)."""
-        words = self._read(self.spec).split()
+        """The generation of the config last written (0 for none)."""
+        words = self._read(self.config).split()
         return int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
 
-    def load(self, spec: str) -> int | None:
-        """Run the holder on `spec`: reload the running one, else start one; its pid (None in
+    def load(self, config: str) -> int | None:
+        """Run the holder on `config`: reload the running one, else start one; its pid (None in
         a dry run). ImpairmentError with the holder's log when it does not answer."""
-        path = self._q(self.spec)
+        path = self._q(self.config)
         self._sh(f"mkdir -p {self._q(self.dir)} && rm -f {self._q(self.ack)} && cat > {path}.tmp "
-                 f"&& mv {path}.tmp {path}", input=spec)  # fmt: skip
+                 f"&& mv {path}.tmp {path}", input=config)  # fmt: skip
         pid = self.pid()
         if pid is not None:
             self.runner.run(["kill", "-HUP", str(pid)], error=ImpairmentError)
-            want = spec.split()[1]
+            want = config.split()[1]
             if not self._wait(lambda: self._read(self.ack).split()[:1] == [want]):
                 raise ImpairmentError(self._failure("reload (no answer)"))
             if self._read(self.ack).split()[1:] != ["ok"]:
                 raise ImpairmentError(self._failure("reload"))
             return pid
         argv = [self.binary(), "--tag", self.tag, "--rt-prio", str(RT_PRIO), "--log",
-                str(self.changes), *self.flags, *holder_flags(), str(self.spec)]  # fmt: skip
+                str(self.changes), *self.flags, *holder_flags(), str(self.config)]  # fmt: skip
         out, pid_file = self._q(self.out), self._q(self.pid_file)
         log = self._q(self.log)
         started = self._sh(

@@ -13,7 +13,7 @@ for the link (`link_iface`):
 A lab with a backup path has its backup links impaired the same way, on each end's
 `backup_iface`, with their own classes and queues. Only device <-> server packets are
 classified (both addresses in every match), so the controller's SSH is never impaired. Each
-host keeps its holder's spec, pid, log and profile changes in `<workdir>/impair/`
+host keeps its holder's config, pid, log and profile changes in `<workdir>/impair/`
 (testbed.links.holder_process), so the same code drives a Pi over SSH and a namespace host.
 """
 
@@ -28,7 +28,7 @@ from testbed.core.errors import ImpairmentError
 from testbed.core.fanout import fan_out, raise_failures
 from testbed.labs.backup import load_plan, path_site
 from testbed.labs.interface import LinkSite
-from testbed.labs.spec import LabHost
+from testbed.labs.setup import LabHost
 from testbed.labs.system import SystemRunner
 from testbed.links.detect import BackendName, netem_available
 from testbed.links.holder_process import HolderProcess
@@ -36,7 +36,7 @@ from testbed.links.nfqueue import (
     bound_queues,
     chains_text,
     ensure_jumps,
-    holder_spec,
+    holder_config,
     holder_tag,
     needs_holder,
     queue_numbers,
@@ -250,9 +250,9 @@ class HostSideBackend:
             return None
         held = {path: {h.device: h.profile for h in part.ingress if h.path == path}
                 for path in CLASS_BASE}  # fmt: skip
-        spec = holder_spec(holder.generation() + 1, every, held["primary"], held["backup"],
+        config = holder_config(holder.generation() + 1, every, held["primary"], held["backup"],
                            only={h.queue for h in part.ingress})  # fmt: skip
-        pid = holder.load(spec)  # the holder binds its queues before the rules fill them
+        pid = holder.load(config)  # the holder binds its queues before the rules fill them
         runner.run(
             rules,
             input=chains_text([HOLD_CHAIN], [h.rule() for h in part.ingress]),

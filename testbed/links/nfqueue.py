@@ -14,7 +14,7 @@ profile's schedule, so one path serves every profile; rate limits are HTB classe
 Only device <-> server packets match (the server's address is in every rule), so the
 controller's SSH to every host is never impaired. Holding happens at a forwarding point, never
 on a sender's OUTPUT chain (that collapses TCP). One holder process serves every queue; a new
-apply rewrites its spec file and signals it (SIGHUP), so profiles change while agents run
+apply rewrites its config file and signals it (SIGHUP), so profiles change while agents run
 without dropping held packets, and each change lands time-stamped in `link-changes.jsonl`.
 The holder is run through the lab's runner (`holder_process`), here or on a middlebox.
 """
@@ -28,7 +28,7 @@ from testbed.core.errors import ImpairmentError, PrivilegeError
 from testbed.labs import naming
 from testbed.labs.discover import kill_pids, pid_alive, tagged_processes
 from testbed.labs.interface import LinkSite
-from testbed.labs.spec import MAX_DEVICES, LabHost
+from testbed.labs.setup import MAX_DEVICES, LabHost
 from testbed.labs.system import SystemRunner
 from testbed.links import shaper
 from testbed.links.holder_process import HeldUp, HolderProcess, ReleaseCounts
@@ -64,14 +64,14 @@ def delay_us(profile: LinkProfile) -> int:
     return round(profile.one_way_ms * 1000)
 
 
-def holder_spec(
+def holder_config(
     generation: int,
     devices: list[tuple[int, LabHost]],
     profiles: dict[str, LinkProfile],
     backup: dict[str, LinkProfile] | None = None,
     only: set[int] | None = None,
 ) -> str:
-    """The holder's spec file (format in holder.c): each queue and the phases it steps through;
+    """The holder's config file (format in holder.c): each queue and the phases it steps through;
     `profiles` are the devices' primary links, `backup` their backup links; `only`: just
     these queues (a holder on a host holds one direction of its links)."""
     lines = [f"generation {generation}"]
@@ -233,7 +233,7 @@ class NfqueueBackend:
         backup: dict[str, LinkProfile] | None = None,
     ) -> dict[str, object]:
         """Replace the whole impairment of `lab` by `profiles` (primary links) and `backup`
-        (backup links): one rule set, one holder spec; returns backend state to keep."""
+        (backup links): one rule set, one holder config; returns backend state to keep."""
         r, sw = self.runner, lab.bridge_netns
         paths = impaired_paths(lab, profiles, backup)
         self._enable_br_netfilter(sw)
@@ -246,10 +246,12 @@ class NfqueueBackend:
             held = {p.path: {k: v for k, v in p.profiles.items() if (p.path, k) in queued}
                     for p in paths}  # fmt: skip
             generation = holder.generation() + 1
-            spec = holder_spec(generation, paths[0].devices, held["primary"], held.get("backup"))
+            config = holder_config(
+                generation, paths[0].devices, held["primary"], held.get("backup")
+            )
             state["holder"] = "c"
             state["holder_generation"] = generation
-            state["holder_pid"] = holder.load(spec)
+            state["holder_pid"] = holder.load(config)
         else:
             self._flush(sw)
             self._stop_holder(lab)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from testbed.labs.backup import path_site
 from testbed.labs.interface import LinkSite
-from testbed.labs.spec import LabHost
+from testbed.labs.setup import LabHost
 from testbed.links.shaper import Leaf, htb_commands, indexed_devices
 from testbed.topo.profile import LinkProfile
 from testbed.topo.topology import PathKind

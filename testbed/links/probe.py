@@ -22,7 +22,7 @@ from testbed.core.fanout import fan_out, raise_failures
 from testbed.labs import naming
 from testbed.labs.backup import backup_site, load_plan
 from testbed.labs.interface import LinkSite
-from testbed.labs.spec import LabHost
+from testbed.labs.setup import LabHost
 from testbed.labs.system import SystemRunner
 from testbed.topo.profile import LOSS_SEMANTICS, LinkProfile
 

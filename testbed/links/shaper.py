@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from testbed.core.errors import ImpairmentError
 from testbed.labs.interface import LinkSite
-from testbed.labs.spec import LabHost
+from testbed.labs.setup import LabHost
 from testbed.labs.system import SystemRunner
 from testbed.topo.profile import LinkProfile
 

@@ -16,7 +16,7 @@ from testbed.report.compare import Tolerances, Verdict, compare_runs
 from testbed.report.data import RunData
 from testbed.report.figures import all_figures
 from testbed.report.summary import headline_cells
-from testbed.results.report import SUMMARY_NOTES, paper_rows, unfaithful
+from testbed.results.condition_table import SUMMARY_NOTES, paper_rows, unfaithful
 
 RUN_PAGE = "dashboard.html"
 INDEX_PAGE = "index.html"

@@ -1,8 +1,8 @@
 """A run folder as the frames the report, dashboard and compare need: the one place that knows
 the folder's layout (see results/README.md), so a change of the store touches only this file.
 
-Figures come from `testbed.metrics.stats.ConditionStats`, built once per condition from the
-condition's own tables; nothing here defines a metric.
+Figures come from `testbed.metrics.condition_stats.ConditionStats`, built once per condition
+from the condition's own tables; nothing here defines a metric.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import pandas as pd
 
 from testbed.core.errors import BadInputError
-from testbed.metrics.stats import ConditionStats
-from testbed.results.report import condition_frame
+from testbed.metrics.condition_stats import ConditionStats
+from testbed.results.condition_table import condition_frame
 from testbed.results.store import RunStore
 
 # a table's file in a condition folder; the first name that exists wins

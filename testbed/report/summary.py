@@ -7,14 +7,14 @@ import pandas as pd
 
 from testbed.report.charts import Chart, Skipped
 from testbed.report.data import RunData
-from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
-from testbed.results.report import (
+from testbed.results.condition_table import (
     SUMMARY_COLUMNS,
     SUMMARY_NOTES,
     paper_rows,
     summary_rows,
     unfaithful,
 )
+from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
 
 # (column of RunData.metric_rows, header, format): the terminal summary's columns of a finished
 # condition, and its latency percentiles

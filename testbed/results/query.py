@@ -1,7 +1,7 @@
 """SQL over run folders with DuckDB: one view per table, spanning every run given.
 
 Views: `runs` (one row per run, from the manifests), `conditions` (each run's
-conditions.parquet) and one per record table of `testbed.metrics.records` (rounds, requests,
+conditions.parquet) and one per record table of `testbed.metrics.schemas` (rounds, requests,
 hosts, links, link_changes, verifications, batches) gathered from every condition folder.
 Every view has a `run` column naming the run folder, so one query can span runs.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import duckdb
 
-from testbed.metrics.records import SCHEMAS
+from testbed.metrics.schemas import SCHEMAS
 from testbed.results.store import MANIFEST
 
 

@@ -37,7 +37,7 @@ REFERENCE_ANSWERS = "reference_answers.json"
 class ConditionFolder:
     """One condition's folder (staged, or committed into the run):
 
-    <table>.parquet     its typed tables (testbed.metrics.records)
+    <table>.parquet     its typed tables (testbed.metrics.schemas)
     link.json           the links as asked, applied, measured, and what happened to them
     inputs/             what the agents were given (problems, emulation documents, users)
     hosts/<host>/       each agent's records, status and log as fetched

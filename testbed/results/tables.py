@@ -1,4 +1,4 @@
-"""Agent record files -> typed Arrow tables (schemas of `testbed.metrics.records`) -> Parquet."""
+"""Agent record files -> typed Arrow tables (schemas of `testbed.metrics.schemas`) -> Parquet."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from agents.workloads.scoring import score as score_answer
 from testbed.config.costs import CostTable
 from testbed.config.slo import Slo
 from testbed.core.files import atomic_replace
-from testbed.metrics.records import DEFAULTS, SCHEMAS
-from testbed.metrics.stats import ConditionStats
+from testbed.metrics.condition_stats import ConditionStats
+from testbed.metrics.schemas import DEFAULTS, SCHEMAS
 from testbed.results.store import ConditionFolder
 from testbed.topo.profile import GilbertElliott
 

@@ -36,7 +36,7 @@ from testbed.config.playbook import BalanceSection, Condition, Playbook
 from testbed.core.errors import BadInputError
 from testbed.core.files import atomic_write_json
 from testbed.hosts.inventory import InventoryHost
-from testbed.metrics.stats import pacing_figures
+from testbed.metrics.condition_stats import pacing_figures
 from testbed.results.store import ConditionFolder
 from testbed.results.tables import pacing_frame, write_parquet, write_typed
 from testbed.runner.agents import AGENT_ENV, fetch, model_on, place_emulation, wait_for_exit
@@ -120,7 +120,7 @@ def cost_model_on(
     models: tuple[str, str],
 ) -> CostModel:  # fmt: skip
     """The run's cost model, on the server host and in `staged/cost-model.json`: the file
-    `balance.profile` names, or measured on the server host by `agents.balance.profile` on
+    `balance.profile` names, or measured on the server host by `agents.balance.measure` on
     `models` (draft, target) with the server's engines as they run (the emulation file
     `emulation`, whose contents `tag` names)
     the first time a run needs it (kept in the lab's server workdir, which goes with the
@@ -144,11 +144,11 @@ def cost_model_on(
     )
     exists = hosts.run(server, f"test -f {shlex.quote(remote)}", check=False).ok
     if ctx.dry_run or not exists:
-        ctx.say(f"profiling the cost model on {server.name} (agents.balance.profile)")
+        ctx.say(f"profiling the cost model on {server.name} (agents.balance.measure)")
         hosts.run(
             server,
             shlex.join([
-                server.python, "-m", "agents.balance.profile", "--out", remote,
+                server.python, "-m", "agents.balance.measure", "--out", remote,
                 "--draft", models[0], "--target", models[1],
                 "--draft-len", str(b.draft_len), "--repeats", str(b.profile_repeats),
                 "--threads", str(b.threads), "--device", pb.models.server_device,

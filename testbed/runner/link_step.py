@@ -25,7 +25,7 @@ from testbed.links.probe import ProbeResult, probe_backup, probe_links
 from testbed.results.store import ConditionFolder
 from testbed.runner.context import RunContext
 from testbed.runner.emulation import ConditionTime
-from testbed.runner.linkcheck import probe_checked
+from testbed.runner.link_guard import probe_checked
 from testbed.topo.profile import LOSS_SEMANTICS
 
 

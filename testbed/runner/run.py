@@ -34,10 +34,10 @@ from testbed.hosts.inventory import load_inventory
 from testbed.labs.interface import Lab
 from testbed.labs.kinds import lab_class
 from testbed.labs.physical import inventory_topology
-from testbed.labs.spec import LabSpec
+from testbed.labs.setup import LabSetup
 from testbed.labs.system import SystemRunner
+from testbed.results.condition_table import write_condition_table
 from testbed.results.manifest import build_manifest, model_digests
-from testbed.results.report import write_condition_table
 from testbed.results.store import ConditionFolder, RunStore
 from testbed.runner.context import RunContext
 from testbed.runner.emulation import check_emulation, time_dilation
@@ -59,7 +59,7 @@ def run_topology(pb: Playbook, source: str) -> Topology:
     return playbook_topology(pb, source)
 
 
-def run_lab_spec(pb: Playbook, source: str) -> LabSpec:
+def run_lab_setup(pb: Playbook, source: str) -> LabSetup:
     """The lab a run brings up: the playbook's topology as lab `run` on the default subnet
     unless the environment names another (TESTBED_LAB_NAME, TESTBED_LAB_SUBNET), so that two
     runs can share one machine."""
@@ -71,7 +71,7 @@ def run_lab_spec(pb: Playbook, source: str) -> LabSpec:
     }
     if os.environ.get(LAB_SUBNET_ENV):
         fields["subnet"] = os.environ[LAB_SUBNET_ENV]
-    return LabSpec.build(f"{source}: lab", **fields)
+    return LabSetup.build(f"{source}: lab", **fields)
 
 
 FULL_CHECK = 1000  # up to this many conditions, a run checks every one before the lab comes up
@@ -100,10 +100,10 @@ def _import_torch_before_ansible() -> None:
 
 
 @contextmanager
-def running_lab(kind: str, spec: LabSpec, say: Callable[[str], None]) -> Iterator[Lab]:
+def running_lab(kind: str, setup: LabSetup, say: Callable[[str], None]) -> Iterator[Lab]:
     """The lab of `kind` up for the block, and always down after it; `say` hears how it came
     up (on lab kind `inventory`, what it took from the site playbook's facts)."""
-    lab = lab_class(kind).up(spec, progress=lambda msg: say(f"  {msg}"))
+    lab = lab_class(kind).up(setup, progress=lambda msg: say(f"  {msg}"))
     try:
         yield lab
     finally:
@@ -221,16 +221,16 @@ def execute(
 
     models = resolve_models(pb.models, say)
     _import_torch_before_ansible()
-    spec = run_lab_spec(pb, source)
-    check_conditions(conditions, spec.topology, source)
+    setup = run_lab_setup(pb, source)
+    check_conditions(conditions, setup.topology, source)
 
     def reference(problems: list[Problem], max_new: int) -> dict[str, str]:
         return target_answers(models.target, problems, max_new, cache=store.reference_answers)
 
     done = failed = 0
-    counts = ", ".join(f"{n} {c}" for c, n in spec.topology.class_counts().items())
-    say(f"{pb.lab.kind} lab up: {spec.topology.server.name} + {counts} devices")
-    with running_lab(pb.lab.kind, spec, say) as lab, HostControl(lab.inventory()) as hosts:
+    counts = ", ".join(f"{n} {c}" for c, n in setup.topology.class_counts().items())
+    say(f"{pb.lab.kind} lab up: {setup.topology.server.name} + {counts} devices")
+    with running_lab(pb.lab.kind, setup, say) as lab, HostControl(lab.inventory()) as hosts:
         store.update_manifest(
             lab=lab.describe(),
             models={"draft": models.draft, "target": models.target,
@@ -277,10 +277,10 @@ def _dry_run(pb: Playbook, conditions: Sweep, say: Callable[[str], None]) -> Run
     """Print the lab, impairment and Fabric actions of every condition without doing them:
     the same `run_condition` as a real run, on a dry-run lab and host control."""
     runner = SystemRunner(dry_run=True, echo=lambda line: say(f"  {line}"))
-    spec = run_lab_spec(pb, "lab")
-    check_conditions(conditions, spec.topology, "lab")
+    setup = run_lab_setup(pb, "lab")
+    check_conditions(conditions, setup.topology, "lab")
     say(f"dry run of {pb.name}: {len(conditions)} conditions; nothing is changed")
-    lab = lab_class(pb.lab.kind).up(spec, runner=runner, progress=lambda msg: say(f"  {msg}"))
+    lab = lab_class(pb.lab.kind).up(setup, runner=runner, progress=lambda msg: say(f"  {msg}"))
     hosts = HostControl(lab.inventory(), dry_run=True, echo=lambda line: say(f"  {line}"))
     with hosts, tempfile.TemporaryDirectory() as tmp:
         ctx = RunContext(lab, hosts, "<draft>", "<target>", lambda _p, _n: {}, say, dry_run=True)

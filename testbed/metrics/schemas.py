@@ -6,7 +6,7 @@ is declared once: `int`/`float`/`str`/`bool` map to int64/float64/string/bool, a
 `X | None` field is a nullable column that may be absent from the agent's file.
 
 Times (`t_*`) are seconds since the epoch *on the host that wrote the record*; durations are
-only ever taken between two times of one host (see `testbed.metrics.stats`).
+only ever taken between two times of one host (see `testbed.metrics.condition_stats`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a lab should look like (`LabSpec`: a topology, a subnet, SSH settings) and the hosts
+"""What a lab should look like (`LabSetup`: a topology, a subnet, SSH settings) and the hosts
 it is made of (`LabHost`: a topology host placed on the lab, with its address and interfaces)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class LabHost(TopoHost):
     port: str = Field(description="the interface facing it at the link site (a bridge port)")
 
 
-class LabSpec(BaseModel):
+class LabSetup(BaseModel):
     """A lab of `topology`'s hosts. `devices=N` (given instead of a topology) is a star of N.
 
     `inventory` names the Ansible inventory of an `inventory` lab (the hosts exist already).
@@ -77,7 +77,7 @@ class LabSpec(BaseModel):
         return len(self.topology.devices)
 
     @model_validator(mode="after")
-    def _fits(self) -> LabSpec:
+    def _fits(self) -> LabSetup:
         need = len(self.topology.hosts) + 1  # every host and the controller
         if self.subnet.num_addresses - 2 < need:
             raise ValueError(
@@ -87,7 +87,7 @@ class LabSpec(BaseModel):
         return self
 
     @classmethod
-    def build(cls, source: str = "lab spec", **fields: object) -> LabSpec:
+    def build(cls, source: str = "lab setup", **fields: object) -> LabSetup:
         """Validate `fields`, raising BadInputError that names `source` and each bad field."""
         return validate(cls, fields, source)
 

@@ -1,5 +1,5 @@
 """Measure the BALANCE cost model on this host with a draft/target pair (`testbed profile`,
-and on the server host `python -m agents.balance.profile`, which the runner starts).
+and on the server host `python -m agents.balance.measure`, which the runner starts).
 
 Times the engine loop's own steps against the batch size (an AD step and an SD round, run by
 `agents.balance.engine` on real sessions), the model forwards inside them (one new token per
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     """Measure the cost model on this host (the runner starts this on the server host)."""
     import argparse
 
-    from agents.emulation.settings import EmulationError, load_emulation
+    from agents.emulation.settings import add_emulation_option, start_emulation
 
     ap = argparse.ArgumentParser(description="Measure the BALANCE cost model on this host.")
     ap.add_argument("--draft", type=Path, required=True, help="draft HF folder")
@@ -227,14 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=15, help="timing rounds (median)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
-    ap.add_argument("--emulation", type=Path, help="the host's emulation JSON (paced engines)")
+    add_emulation_option(ap)
     args = ap.parse_args(argv)
     try:
         batches = [int(b) for b in args.batches.split(",")]
-        emulation = load_emulation(args.emulation)
-    except (ValueError, EmulationError) as exc:
-        ap.error(str(exc))
-    emulation.start()
+    except ValueError:
+        ap.error(f"--batches: expected whole numbers like 1,2,4, got {args.batches!r}")
+    emulation = start_emulation(ap, args.emulation)
     cost = measure_cost_model(
         args.draft, args.target, draft_len=args.draft_len, batches=batches,
         repeats=args.repeats, threads=args.threads, device=args.device, wrap=emulation.engine,
