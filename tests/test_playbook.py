@@ -192,12 +192,12 @@ def test_command_line_lab_kind_replaces_the_playbooks(tmp_path):
         with_lab(pb, "smoke", "emulated", None)
 
 
-def test_run_lab_spec_takes_name_and_subnet_from_the_environment(monkeypatch):
-    from testbed.runner.run import run_lab_spec
+def test_run_lab_setup_takes_name_and_subnet_from_the_environment(monkeypatch):
+    from testbed.runner.run import run_lab_setup
 
     pb = load_playbook(REPO / "experiments" / "demo.yaml")
     monkeypatch.setenv("TESTBED_LAB_NAME", "aenv")
     monkeypatch.setenv("TESTBED_LAB_SUBNET", "10.78.12.0/24")
-    spec = run_lab_spec(pb, "demo")
+    spec = run_lab_setup(pb, "demo")
     assert (spec.name, str(spec.subnet), spec.devices) == ("aenv", "10.78.12.0/24", 4)
     assert {p.rtt_ms for p in spec.topology.profiles().values()} == {85}

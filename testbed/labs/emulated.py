@@ -197,7 +197,7 @@ class EmulatedLab:
 
     @property
     def name(self) -> str:
-        return self.state.spec.name
+        return self.state.setup.name
 
     @property
     def setup(self) -> LabSetup:
@@ -205,7 +205,7 @@ class EmulatedLab:
 
     @property
     def topology(self) -> Topology:
-        return self.state.spec.topology
+        return self.state.setup.topology
 
     @property
     def state_dir(self) -> Path:
@@ -276,10 +276,10 @@ class EmulatedLab:
                 name=h.name,
                 role=h.role,
                 address=h.ip,
-                user=self.spec.user,
-                port=self.spec.ssh_port,
+                user=self.setup.user,
+                port=self.setup.ssh_port,
                 key_file=self.client_key,
-                python=self.spec.python,
+                python=self.setup.python,
                 workdir=str(h.workdir),
                 netns=h.netns,
                 host_class=h.host_class,
@@ -301,7 +301,7 @@ class EmulatedLab:
         return {
             "kind": self.kind,
             "name": self.name,
-            "subnet": str(self.spec.subnet),
+            "subnet": str(self.setup.subnet),
             "topology": self.topology.name,
             "devices": len(self.devices),
             "classes": self.topology.class_counts(),
@@ -366,9 +366,9 @@ class EmulatedLab:
                 net = ipaddress.IPv4Network(dst, strict=False)
             except ValueError:
                 continue
-            if net.overlaps(self.spec.subnet):
+            if net.overlaps(self.setup.subnet):
                 raise LabError(
-                    f"subnet {self.spec.subnet} overlaps an existing route ({line.strip()}); "
+                    f"subnet {self.setup.subnet} overlaps an existing route ({line.strip()}); "
                     "choose another with --subnet"
                 )
 
@@ -404,7 +404,7 @@ class EmulatedLab:
             + ["peer", "name", host.port, "netns", sw]
         )
         r.run(["ip", "-n", sw, "link", "set", host.port, "master", naming.BRIDGE, "up"])
-        cidr = f"{host.ip}/{self.spec.prefix_len}"
+        cidr = f"{host.ip}/{self.setup.prefix_len}"
         r.run(["ip", "-n", host.netns, "addr", "add", cidr, "dev", naming.HOST_IFACE])
         r.run(["ip", "-n", host.netns, "link", "set", naming.HOST_IFACE, "up"])
         if not r.dry_run:
@@ -421,7 +421,7 @@ class EmulatedLab:
         r.run(
             ["ip", "-n", sw, "link", "set", naming.CONTROLLER_PORT, "master", naming.BRIDGE, "up"]
         )
-        r.run(["ip", "addr", "add", f"{self.controller_ip}/{self.spec.prefix_len}", "dev", link])
+        r.run(["ip", "addr", "add", f"{self.controller_ip}/{self.setup.prefix_len}", "dev", link])
         r.run(["ip", "link", "set", link, "up"])
         if not r.dry_run:
             self.state.save()

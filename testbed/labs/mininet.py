@@ -131,7 +131,7 @@ class MininetLab(EmulatedLab):
         self._attach_netns(self.bridge_netns, self._switch)
 
     def _make_host(self, host: LabHost) -> None:
-        cidr = f"{host.ip}/{self.spec.prefix_len}"
+        cidr = f"{host.ip}/{self.setup.prefix_len}"
         self.runner.record(
             f"mininet: addHost {host.name} ip={cidr}; addLink {host.name}:{naming.HOST_IFACE} "
             f"{naming.BRIDGE}:{host.port} (Link)"
