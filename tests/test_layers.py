@@ -58,7 +58,7 @@ def package_of(path: Path) -> str:
     return parts[0]
 
 
-def testbed_edges() -> dict[tuple[str, str], list[str]]:
+def package_edges() -> dict[tuple[str, str], list[str]]:
     """(importing package, imported package) -> where, for imports across packages."""
     edges: dict[tuple[str, str], list[str]] = defaultdict(list)
     for path in sorted((REPO / "testbed").rglob("*.py")):
@@ -81,7 +81,7 @@ def test_every_package_has_a_layer():
 def test_no_package_imports_one_at_or_above_its_layer():
     upward = [
         where
-        for (a, b), places in testbed_edges().items()
+        for (a, b), places in package_edges().items()
         if LAYERS.get(b, 99) >= LAYERS.get(a, 99)
         for where in places
     ]
@@ -90,7 +90,7 @@ def test_no_package_imports_one_at_or_above_its_layer():
 
 def test_no_package_imports_one_that_imports_it_back():
     graph: dict[str, set[str]] = defaultdict(set)
-    for a, b in testbed_edges():
+    for a, b in package_edges():
         graph[a].add(b)
 
     def reaches(start: str, goal: str) -> bool:
@@ -127,5 +127,5 @@ def test_the_graph_is_read_from_the_source(tmp_path, monkeypatch):
     (fake / "core" / "bad.py").write_text("from testbed.runner.run import execute\n")
     (fake / "runner" / "run.py").write_text("def f():\n    from testbed.core import bad\n")
     monkeypatch.setattr(__import__(__name__), "REPO", tmp_path)
-    edges = testbed_edges()
+    edges = package_edges()
     assert ("core", "runner") in edges and ("runner", "core") in edges

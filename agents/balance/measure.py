@@ -5,8 +5,9 @@ Times the engine loop's own steps against the batch size (an AD step and an SD r
 `agents.balance.engine` on real sessions), the model forwards inside them (one new token per
 sequence: a decode step; g+1 tokens: a verification) and a prompt's prefill, all in turns
 (every round times each once; `interleaved_medians`); fits t(b) = fixed + per_seq * b by
-least squares to the loop's steps; reads KV bytes per token and weight bytes off the model;
-and measures on the arithmetic workload how many tokens an SD round yields (agents.spec.speedup).
+least squares to the loop's steps; reads KV bytes per token and weight bytes off the model
+(off the model it stands for, for an engine paced to emulated hardware); and measures on the
+arithmetic workload how many tokens an SD round yields (agents.spec.speedup).
 Torch is imported here only, inside the function.
 """
 
@@ -21,6 +22,8 @@ import numpy as np
 
 from agents.balance.costmodel import CostModel, LoopStep, ModelCost, StepCost
 from agents.emulation import clock
+from agents.emulation.pacing import PacedEngine
+from agents.emulation.stepcost import ModelShape
 from agents.engines.base import Engine
 
 
@@ -134,6 +137,12 @@ def weights_bytes(engine) -> int:
     return int(sum(p.numel() * p.element_size() for p in engine.model.parameters()))
 
 
+def emulated_shape(engine: Engine) -> ModelShape | None:
+    """The model a paced engine stands for (its memory is that model's), else None: a real
+    engine's memory is its own."""
+    return engine.shape if isinstance(engine, PacedEngine) and engine.pace else None
+
+
 def measure_cost_model(
     draft_dir: Path,
     target_dir: Path,
@@ -187,12 +196,15 @@ def measure_cost_model(
     }
     target_cost, draft_cost = (
         ModelCost(
-            weights_bytes=weights_bytes(engine),
-            kv_bytes_per_token=model_config_kv_bytes(engine),
+            weights_bytes=int(shape.weight_bytes) if shape else weights_bytes(engine),
+            kv_bytes_per_token=int(shape.kv_bytes_per_token) if shape
+            else model_config_kv_bytes(engine),
             prefill_per_token_s=timed[f"{name}_prefill"] / len(long),
         )
-        for name, engine in (("target", target), ("draft", draft))
-    )
+        for name, engine, shape in (("target", target, emulated_shape(target)),
+                                    ("draft", draft, emulated_shape(draft)))
+    )  # fmt: skip
+    vocab = emulated_shape(target).vocab if emulated_shape(target) else target.vocab_size
     sd = run_sd_bench(draft, target, prompts, draft_len, max_new=48)
     return CostModel(
         target=target_cost,
@@ -206,7 +218,7 @@ def measure_cost_model(
         draft_len=draft_len,
         acceptance=min(sd.alpha, 0.999),
         round_tokens=round_tokens(sd.round_token_counts),
-        logits_row_bytes=target.vocab_size * 4,  # float32
+        logits_row_bytes=vocab * 4,  # float32
         host=f"{platform.node()} {platform.machine()} {device} threads={threads}",
         points=points,
     )

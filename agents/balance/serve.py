@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.balance.admission import AdmissionController, Plan, plan_modes
+from agents.balance.admission import AdmissionController, Decision, Plan, plan_modes
 from agents.balance.costmodel import CostModel
 from agents.balance.loop import Executor, HybridLoop
 from agents.balance.modes import AD, SD
@@ -74,6 +74,146 @@ class ServeResult:
         return int(((self.mode != UNSERVED) & ~self.met).sum())
 
 
+class Serving:
+    """Admission control and the hybrid loop for users arriving one by one (or in batches) at
+    times the caller says: the simulator feeds a known schedule (`serve`), the BALANCE server
+    the users whose requests came in over the network (`agents.balance.server`).
+
+    Users are indexed 0..n-1 (n known up front: a row each); a user's lengths and deadline may
+    be set when it arrives (`arrive(..., deadline=...)`: its deadline left at the server, once
+    the network's time is taken out), its demands then computed for that row.
+    """
+
+    def __init__(
+        self,
+        cost: CostModel,
+        users: Users,
+        memory_budget: float,
+        service: Service,
+        executor: Executor,
+        policy: str = "hybrid",
+        replan_s: float = 0.5,
+    ) -> None:
+        users = Users(  # its own arrays: rows are filled in as users arrive
+            prompt=np.array(users.prompt, dtype=int),
+            output=np.array(users.output, dtype=int),
+            deadline=np.array(users.deadline, dtype=float),
+        )
+        self.cost, self.users, self.service, self.policy = cost, users, service, policy
+        self.executor, self.replan_s = executor, replan_s
+        n = len(users)
+        self.demands = user_demands(cost, users, service)
+        self.inst = make_instance(cost, users, memory_budget, service, self.demands)
+        self.arrival = np.full(n, np.inf)
+        self.timing = timing_of(cost, users, self.arrival, service, self.demands)
+        self.admission = AdmissionController(self.inst, self.timing)
+        rates = {AD: service.ad_steps_per_s, SD: service.sd_rounds_per_s}
+        self.loop = HybridLoop(executor, rates, service.period_s)
+        self.mode = np.full(n, UNSERVED, dtype=np.int8)
+        self.reason = [""] * n
+        self.finish = np.full(n, np.nan)
+        self.peak = float(cost.target.weights_bytes)
+        self.arrived: list[int] = []  # in arrival order
+        self.plan: Plan | None = None
+        self.planned_at = -np.inf
+
+    @property
+    def busy(self) -> bool:
+        """Some user is being served or waits for its start."""
+        return bool(self.loop.members or self.admission.waiting)
+
+    def _set_user(self, uid: int, prompt: int, output: int, deadline: float) -> None:
+        """User uid's lengths and deadline (seconds from its arrival), and its demands."""
+        self.users.prompt[uid], self.users.output[uid] = prompt, output
+        self.users.deadline[uid] = deadline
+        one = Users(np.array([prompt]), np.array([output]), np.array([deadline], dtype=float))
+        row = user_demands(self.cost, one, self.service)
+        for name in ("compute", "memory", "pace", "window"):
+            getattr(self.demands, name)[uid] = getattr(row, name)[0]
+        self.inst.compute[uid], self.inst.memory[uid] = row.compute[0], row.memory[0]
+
+    def arrive(
+        self,
+        uids: list[int],
+        now: float,
+        at: dict[int, float] | None = None,
+        lengths: dict[int, tuple[int, int, float]] | None = None,
+    ) -> dict[int, Decision]:
+        """Users `uids` are offered at `now`, having arrived `at` (default: now); `lengths`
+        (prompt, output, deadline from arrival) where they are known only on arrival.
+        Admission decides each (returned)."""
+        for uid in uids:
+            if lengths and uid in lengths:
+                self._set_user(uid, *lengths[uid])
+            self.arrival[uid] = now if at is None else at[uid]
+            self.arrived.append(uid)
+        arrived = np.array(uids, dtype=int)
+        if not len(arrived):
+            return {}
+        users, policy = self.users, self.policy
+        if now - self.planned_at >= self.replan_s:
+            recent = np.array(self.arrived[-PLAN_USERS:], dtype=int)
+            span = max(  # the window's arrivals came over this time (rate = len / span)
+                now - float(self.arrival[recent[0]]),
+                PLAN_MIN_SPAN * float(np.median(users.deadline[recent])),
+            )
+            self.plan = plan_modes(self.inst, recent, users.deadline, span, POLICY_MODES[policy])
+            self.planned_at = now
+        plan = self.plan
+        if plan is not None and plan.priced and policy == "hybrid":
+            decisions = self.admission.offer_priced(arrived, plan, users.deadline, now)
+        else:
+            modes = POLICY_MODES[policy] if plan is None else plan.modes
+            shut = tuple(m for m in POLICY_MODES[policy] if m not in modes)
+            slack = plan is not None and plan.slack
+            decisions = self.admission.offer_batch(arrived, modes, now, slack, shut)
+        out = {}
+        for i, decision in zip(arrived, decisions):
+            self.mode[i] = decision.mode
+            self.reason[i] = decision.reason
+            if decision.admitted and not decision.waits:
+                pace = float(self.demands.pace[i, decision.mode - 1])
+                self.loop.add(int(i), decision.mode, pace, since=float(self.arrival[i]))
+            out[int(i)] = decision
+        return out
+
+    def period(self, now: float) -> dict[int, float]:
+        """One period of the loop from `now` (it waits out the period): users that waited
+        start when due, the peak memory is noted, finished users release what they held;
+        returns {uid: finish time} of those that finished."""
+        for start in self.admission.start_due(now):
+            self.loop.add(start.uid, start.mode, start.pace, since=start.since)
+        free = self.admission.free_memory
+        self.peak = max(
+            self.peak, self.cost.target.weights_bytes + self.inst.memory_capacity - free
+        )
+        finished = self.loop.run_period(now)
+        for uid, t in finished.items():
+            self.finish[uid] = t
+            self.admission.release(uid)
+        if self.policy == "hybrid":
+            for uid, why in move_lagging_sd_users(
+                self.loop, self.admission, self.cost, self.users, self.arrival, self.service,
+                self.executor.clock(),
+            ).items():  # fmt: skip
+                self.mode[uid] = AD
+                self.reason[uid] += f"; {why}"
+        return finished
+
+    def result(self) -> ServeResult:
+        """Who was served how, and when each finished, over the users that arrived."""
+        users, arrival = self.users, self.arrival
+        came = np.isfinite(arrival)
+        met = self.finish <= arrival + users.deadline
+        start = float(arrival[came].min()) if came.any() else 0.0
+        end = float(np.nanmax(self.finish)) if np.isfinite(self.finish).any() else start
+        span = workload_span_s(arrival[came], users.deadline[came])
+        return ServeResult(
+            len(users), self.mode, self.finish, met, end - start, span, self.peak,
+            tuple(self.reason), self.loop.most_behind_s,
+        )  # fmt: skip
+
+
 def serve(
     cost: CostModel,
     work: Workload,
@@ -83,7 +223,8 @@ def serve(
     policy: str = "hybrid",
     replan_s: float = 0.5,
 ) -> ServeResult:
-    """Admission control and the hybrid loop over any executor (simulated or real).
+    """Admission control and the hybrid loop over any executor (simulated or real), the users
+    arriving at the workload's times.
 
     Every `replan_s` seconds each policy plans on the latest arrivals
     (`admission.plan_modes`). The hybrid takes from the plan which modes may open and the
@@ -91,69 +232,20 @@ def serve(
     by the scheduler (`offer_batch`). For all three, the plan also says whether a user who
     fits nowhere now may wait for a later start (`Plan.slack`).
     """
-    users = work.users
-    n = len(users)
-    demands = user_demands(cost, users, service)
-    inst = make_instance(cost, users, memory_budget, service, demands)
-    admission = AdmissionController(inst, timing_of(cost, users, work.arrival, service, demands))
-    rates = {AD: service.ad_steps_per_s, SD: service.sd_rounds_per_s}
-    loop = HybridLoop(executor, rates, service.period_s)
-    mode = np.full(n, UNSERVED, dtype=np.int8)
-    reason = [""] * n
-    finish = np.full(n, np.nan)
-    fixed = cost.target.weights_bytes
-    peak = float(fixed)
+    serving = Serving(cost, work.users, memory_budget, service, executor, policy, replan_s)
+    n = len(work.users)
     order = np.argsort(work.arrival, kind="stable")
     nxt = 0
-    plan: Plan | None = None
-    planned_at = -np.inf
-    while nxt < n or loop.members or admission.waiting:
+    while nxt < n or serving.busy:
         now = executor.clock()
-        if not loop.members and not admission.waiting and nxt < n:
+        if not serving.busy and nxt < n:
             executor.wait_until(float(work.arrival[order[nxt]]))
-            loop.rest()
+            serving.loop.rest()
             now = executor.clock()
         first = nxt
         while nxt < n and work.arrival[order[nxt]] <= now:
             nxt += 1
-        arrived = order[first:nxt]
-        if len(arrived) and now - planned_at >= replan_s:
-            recent = order[max(0, nxt - PLAN_USERS) : nxt]
-            span = max(  # the window's arrivals came over this time (rate = len / span)
-                now - float(work.arrival[recent[0]]),
-                PLAN_MIN_SPAN * float(np.median(users.deadline[recent])),
-            )
-            plan = plan_modes(inst, recent, users.deadline, span, POLICY_MODES[policy])
-            planned_at = now
-        if plan is not None and plan.priced and policy == "hybrid":
-            decisions = admission.offer_priced(arrived, plan, users.deadline, now)
-        else:
-            modes = POLICY_MODES[policy] if plan is None else plan.modes
-            shut = tuple(m for m in POLICY_MODES[policy] if m not in modes)
-            slack = plan is not None and plan.slack
-            decisions = admission.offer_batch(arrived, modes, now, slack, shut)
-        for i, decision in zip(arrived, decisions):
-            mode[i] = decision.mode
-            reason[i] = decision.reason
-            if decision.admitted and not decision.waits:
-                pace = float(demands.pace[i, decision.mode - 1])
-                loop.add(int(i), decision.mode, pace, since=float(work.arrival[i]))
-        for start in admission.start_due(now):
-            loop.add(start.uid, start.mode, start.pace, since=start.since)
-        peak = max(peak, fixed + inst.memory_capacity - admission.free_memory)
-        for uid, t in loop.run_period(now).items():
-            finish[uid] = t
-            admission.release(uid)
-        if policy == "hybrid":
-            for uid, why in move_lagging_sd_users(
-                loop, admission, cost, users, work.arrival, service, executor.clock()
-            ).items():
-                mode[uid] = AD
-                reason[uid] += f"; {why}"
-    met = finish <= work.arrival + users.deadline
-    start = float(work.arrival.min()) if n else 0.0
-    end = float(np.nanmax(finish)) if np.isfinite(finish).any() else start
-    span = workload_span_s(work.arrival, users.deadline)
-    return ServeResult(
-        n, mode, finish, met, end - start, span, peak, tuple(reason), loop.most_behind_s
-    )
+        came = [int(i) for i in order[first:nxt]]
+        serving.arrive(came, now, at={i: float(work.arrival[i]) for i in came})
+        serving.period(now)
+    return serving.result()

@@ -57,6 +57,8 @@ class Kind(IntEnum):
     ERROR = 9
     GENERATE = 10
     RESULT = 11
+    ASK = 12
+    ANSWER = 13
 
 
 @dataclass
@@ -201,10 +203,47 @@ class Result(Message):
     gen_ms: float = 0.0  # from the first step to the last
 
 
+@dataclass
+class Ask(Message):
+    """Device -> BALANCE server: user `uid` of device `dev` wants `output` tokens after
+    `prompt` within `deadline_ms` of when it was first sent, `age_ms` ago. The device says
+    what it knows of its link: the smoothed RTT of its exchanges and the share of its
+    requests that needed a retry. A repeated ASK (a retry) is answered with the user's
+    latest ANSWER."""
+
+    kind: ClassVar[Kind] = Kind.ASK
+    dev: str
+    rid: int
+    uid: int
+    prompt: list[int]
+    output: int  # tokens the user asks for
+    deadline_ms: float  # from the first send to the last token on the device
+    age_ms: float = 0.0  # since the first send of this user's ASK
+    srtt_ms: float = 0.0  # the device's smoothed RTT (0: none measured yet)
+    loss: float = 0.0  # the device's estimate of per-direction loss
+    copies: int = 1  # each ANSWER goes back this many times
+
+
+@dataclass
+class Answer(Message):
+    """BALANCE server -> device: user `uid`'s tokens so far (all of them, so a lost ANSWER is
+    repaired by the next), whether it is finished, and how it is served: its mode, or
+    "refused" with admission's reason, or "waiting" before a decision."""
+
+    kind: ClassVar[Kind] = Kind.ANSWER
+    rid: int
+    uid: int
+    tokens: list[int]
+    done: bool
+    mode: str
+    reason: str = ""
+
+
 MESSAGES: dict[Kind, type[Message]] = {
     cls.kind: cls
     for cls in (
-        Hello, HelloAck, Verify, Verdict, Resync, Ping, Pong, End, Error, Generate, Result
+        Hello, HelloAck, Verify, Verdict, Resync, Ping, Pong, End, Error, Generate, Result,
+        Ask, Answer,
     )
 }  # fmt: skip
 

@@ -24,8 +24,9 @@ from testbed.config.slo import Slo
 from testbed.core.errors import BadInputError
 from testbed.core.loading import read_yaml, validate
 from testbed.core.paths import REPO_ROOT
-from testbed.topo.files import load_topology
+from testbed.topo.files import load_topology, topology_profiles
 from testbed.topo.profile import LinkProfile
+from testbed.topo.schedule import timeline
 from testbed.topo.topology import Topology
 
 # Settings fixed for a whole run (the lab, the models, the topology): sweeping them would need
@@ -212,16 +213,28 @@ class SledSection(Strict):
 
 
 class BalanceSection(Strict):
-    """BALANCE mode: users with mixed deadlines and lengths arrive at one server that serves
-    each autoregressively (AD) or speculatively (SD) under a memory budget (docs/balance.md).
-    Their problems come from `workload.seed`; their arrival times and deadlines from `seed`
-    plus `workload.arrival.seed` (so each repetition draws new ones)."""
+    """BALANCE mode: users with mixed deadlines and lengths send their requests from the
+    devices over their links to one server that serves each autoregressively (AD) or
+    speculatively (SD) under a memory budget (docs/balance.md). Their problems come from
+    `workload.seed`; their arrival times and deadlines from `seed` plus
+    `workload.arrival.seed` (so each repetition draws new ones); user k is on device
+    k mod the condition's devices."""
 
     policy: Literal["ad-only", "sd-only", "hybrid"] = "hybrid"
     users: int = Field(20, ge=1, le=1000, description="users (arithmetic problems) arriving")
     rate_per_s: float = Field(10.0, gt=0, description="Poisson arrivals per second")
-    memory_mib: float = Field(
-        8.0, gt=0, description="server memory budget: weights, KV caches, the steps' logits"
+    memory_gb: float = Field(
+        20.0,
+        gt=0,
+        description="server memory budget in GB (1e9 bytes) of the hardware it "
+        "stands for: the large model's weights, the KV caches, the steps' logits and, while SD "
+        "serves, the small model's weights; at least the large model's weights",
+    )
+    copies: int = Field(
+        1,
+        ge=1,
+        le=4,
+        description="sends of each request over a device's link, and of each final answer back",
     )
     deadline_base_s: float = Field(0.2, ge=0, description="every user's deadline starts here")
     deadline_per_token_s: tuple[float, float] = Field(
@@ -233,7 +246,10 @@ class BalanceSection(Strict):
     )
     period_s: float = Field(0.05, gt=0, description="scheduling period of the engine loop")
     profile: str | None = Field(
-        None, description="cost-model JSON (`testbed profile`); unset: measured once per run"
+        None,
+        description="cost-model JSON (`testbed profile`) of real hardware (an inventory "
+        "lab); unset: measured on the server host once per run, as its engines run (an "
+        "emulated lab's paced to its hardware, memory in the catalogue models' bytes)",
     )
     profile_repeats: int = Field(15, ge=1, description="timing rounds when profiling")
     threads: int = Field(1, ge=1, description="torch threads of the server")
@@ -319,6 +335,11 @@ class Playbook(Strict):
     link: LinkProfile = Field(
         LinkProfile(rtt_ms=85.0), description="every device's primary link (a LinkProfile)"
     )
+    link_profile: str | None = Field(
+        None,
+        description="one of the topology's named `profiles` as every device's primary "
+        "link, in place of `link` (sweepable: one profile per condition)",
+    )
     impairment: ImpairmentSection = ImpairmentSection()
     balance: BalanceSection = BalanceSection()
     costs: str | None = Field(
@@ -329,6 +350,23 @@ class Playbook(Strict):
     )
     condition_timeout_s: float = Field(300.0, gt=0)
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_link(cls, data: Any) -> Any:
+        """`link_profile` names a topology profile: `link` becomes that profile."""
+        if not isinstance(data, dict) or data.get("link_profile") is None:
+            return data
+        name, topology = data["link_profile"], data.get("topology")
+        if not isinstance(topology, str):
+            raise ValueError("link_profile: names one of a topology's profiles; set `topology`")
+        profiles = topology_profiles(topology)
+        if name not in profiles:
+            raise ValueError(
+                f"link_profile: {name!r} is not one of {topology}'s profiles "
+                f"({', '.join(profiles)})"
+            )
+        return {**data, "link": profiles[name].model_dump(mode="json", exclude_defaults=True)}
 
     @field_validator("sweep")
     @classmethod
@@ -503,6 +541,9 @@ def apply_topology(data: dict[str, Any], source: Path) -> None:
     section = data.setdefault("link", {})
     if primary is not None and isinstance(section, dict):
         for k, v in primary.profile.model_dump(exclude_defaults=True).items():
+            if k == "trace":  # a topology's trace: beside the topology, else in the repository
+                v = str(next((p for p in (found.parent / v, REPO_ROOT / v) if p.is_file()),
+                             found.parent / v).resolve())  # fmt: skip
             section.setdefault(k, v)
         section.setdefault("rtt_ms", primary.profile.rtt_ms)
 
@@ -530,20 +571,67 @@ def with_lab(pb: Playbook, source: str, kind: str | None, inventory: str | None)
     return validate(Playbook, data, f"{source} (--lab)")
 
 
-# Settings naming a file: a relative path in a playbook is relative to the playbook's folder.
+# Settings naming a file: a relative path in a playbook is relative to the playbook's folder,
+# in the playbook and in the values its sweep gives them (`link.trace: [...]`, or `link: [{trace:
+# ...}]`).
 FILE_KEYS = ("costs", "lab.inventory", "workload.gsm8k_path", "workload.fewshot_path",
-             "balance.profile")  # fmt: skip
+             "balance.profile", "link.trace")  # fmt: skip
+
+
+def _resolve_at(node: Any, dotted: str, folder: Path) -> None:
+    """Make the path at `dotted` under the mapping `node` absolute (relative to `folder`)."""
+    *parents, leaf = dotted.split(".") if dotted else [""]
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict) and isinstance(node.get(leaf), str):
+        node[leaf] = str((folder / node[leaf]).resolve())
 
 
 def resolve_file_keys(data: dict[str, Any], folder: Path) -> None:
-    """Make every FILE_KEYS path in the raw playbook `data` absolute (relative to `folder`)."""
+    """Make every FILE_KEYS path in the raw playbook `data` and in its sweep's values absolute
+    (relative to `folder`)."""
+    sweep = data.get("sweep") if isinstance(data.get("sweep"), dict) else {}
     for dotted in FILE_KEYS:
-        *parents, leaf = dotted.split(".")
-        node: Any = data
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and isinstance(node.get(leaf), str):
-            node[leaf] = str((folder / node[leaf]).resolve())
+        _resolve_at(data, dotted, folder)
+        for key, values in sweep.items():
+            if not isinstance(values, list):
+                continue
+            if key == dotted:
+                sweep[key] = [str((folder / v).resolve()) if isinstance(v, str) else v
+                              for v in values]  # fmt: skip
+            elif dotted.startswith(key + "."):
+                for value in values:
+                    _resolve_at(value, dotted[len(key) + 1 :], folder)
+
+
+def swept_links(pb: Playbook, source: str) -> list[tuple[str, LinkProfile]]:
+    """Every link profile a playbook may run: its `link`, and the one each value of a swept
+    `link` or `link.<field>` makes of it (each validated, naming `source` and the value)."""
+    out = [("link", pb.link)]
+    base = pb.link.model_dump()
+    for key, values in pb.sweep.items():
+        if key != "link" and not key.startswith("link."):
+            continue
+        for value in values:
+            whole = key == "link" and isinstance(value, dict)
+            fields = dict(value) if whole else copy.deepcopy(base)
+            if key != "link":
+                _set(fields, key[len("link.") :], value)
+            out.append((f"sweep {key}={value!r}", LinkProfile.build(f"{source}: sweep {key}",
+                                                                    **fields)))  # fmt: skip
+    return out
+
+
+def check_link_files(pb: Playbook, source: str) -> None:
+    """Read every trace a playbook's links name (its `link` and each swept one): BadInputError
+    naming the playbook, the setting, and the trace's file, row and column."""
+    for where, profile in swept_links(pb, source):
+        if profile.trace is None:
+            continue
+        try:
+            timeline(profile)
+        except BadInputError as exc:
+            raise BadInputError(f"{source}: {where}: trace: {exc}") from None
 
 
 def load_playbook(path: str | Path) -> Playbook:
@@ -557,6 +645,7 @@ def load_playbook(path: str | Path) -> Playbook:
     pb = validate(Playbook, data, str(path))
     if pb.workload.kind == "gsm8k" and not pb.workload.gsm8k_path:
         raise BadInputError(f"{path}: workload.gsm8k_path: required when workload.kind is gsm8k")
+    check_link_files(pb, str(path))
     if pb.costs:  # checked now, not after the first condition
         load_cost_table(Path(pb.costs))
     return pb

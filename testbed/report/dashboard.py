@@ -17,6 +17,7 @@ from testbed.report.data import RunData
 from testbed.report.figures import all_figures
 from testbed.report.summary import headline_cells
 from testbed.results.condition_table import SUMMARY_NOTES, paper_rows, unfaithful
+from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
 
 RUN_PAGE = "dashboard.html"
 INDEX_PAGE = "index.html"
@@ -105,6 +106,13 @@ def run_page(run: RunData) -> str:
             "<h2>Against the paper</h2>",
             f"<p>{html.escape(str(paper.get('source', '')))}</p>",
             html_table(*paper_rows(df, paper), table_id="paper"),
+        ]
+    points = compare_policies(df)
+    if points:
+        parts += [
+            "<h2>BALANCE: the hybrid against the better single mode</h2>",
+            html_table(*comparison_rows(points), table_id="policies"),
+            f"<p class='note'>{html.escape(COMPARISON_NOTE)}</p>",
         ]
     parts += ["<h2>Figures</h2>", "<div class='charts'>", *map(_figure, charts), "</div>"]
     if skipped:

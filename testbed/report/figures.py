@@ -325,12 +325,12 @@ def balance_throughput_by_policy(run: RunData) -> Figure:
         return Skipped(key, title, "not a BALANCE run (no task throughput)")
     df = df[df["task_throughput"].notna()].sort_values("users")
     series = []
-    for (name, mib), part in df.groupby(["policy", "memory_budget_mib"]):
+    for (name, gb), part in df.groupby(["policy", "memory_budget_gb"]):
         by_users = list(part.groupby("users")["task_throughput"])
         cis = [mean_ci(list(values)) for _, values in by_users]
         series.append(
             Series(
-                f"{name}, {mib:g} MiB",
+                f"{name}, {gb:g} GB",
                 [float(n) for n, _ in by_users],
                 [c.mean for c in cis],
                 [c.low for c in cis],
@@ -339,8 +339,8 @@ def balance_throughput_by_policy(run: RunData) -> Figure:
         )
     return Chart(
         key, title, "users", "users finished within deadline per second", series,
-        note="measured on the lab's server, mean over repetitions with its 95 % t-interval; "
-        "`sim tasks/s` in the summary is the simulator's",
+        note="users whose every token reached their device in time, per second of the "
+        "workload's span; mean over repetitions with its 95 % t-interval",
     )  # fmt: skip
 
 

@@ -33,11 +33,14 @@ SUMMARY_COLUMNS = [
     ("target_strict_accuracy", "target acc", "{:.2f}"),
     ("target_match_share", "=target", "{:.2f}"),
     ("served_in_time", "in time", "{:.0f}"),
+    ("predicted_served_in_time", "sim in time", "{:.1f}"),
     ("servable_alone", "ceiling", "{:.0f}"),
-    ("task_throughput", "tasks/s", "{:.2f}"),
-    ("predicted_task_throughput", "sim tasks/s", "{:.2f}"),
-    ("peak_held_mib", "peak MiB", "{:.2f}"),
-    ("completion_error_mean_abs", "sim err", "{:.0%}"),
+    ("ttft_p50_ms", "TTFT p50 ms", "{:.0f}"),
+    ("tpot_p50_ms", "TPOT p50 ms", "{:.1f}"),
+    ("completion_mean_s", "completion s", "{:.2f}"),
+    ("completion_mean_error", "sim err", "{:+.0%}"),
+    ("peak_held_gb", "peak GB", "{:.3f}"),
+    ("memory_budget_gb", "budget GB", "{:g}"),
     ("time_dilation", "dilation", "{:g}"),
     ("behind_share", "behind", "{:.1%}"),
 ]
@@ -54,13 +57,13 @@ SUMMARY_NOTES = {  # column header -> its note, printed when the table shows tha
     "behind": "behind: forwards whose real computation took longer than the modelled time of "
     "the hardware their host stands for (a condition over 1 % is unfaithful: raise "
     "lab.time_dilation); dilation: lab.time_dilation, every figure in emulated time.",
-    "in time": "BALANCE (mode balance): in time: users finished within their deadline; "
-    "ceiling: users some mode could serve in time alone on the server, which no policy "
-    "exceeds; tasks/s: those per second of the workload's span (first arrival to last "
-    "deadline, the same for every policy), measured and simulated (mean of 10 simulated "
-    "runs); peak MiB: most memory the "
-    "server's caches and models held; sim err: mean |predicted / measured - 1| of the users' "
-    "completion times.",
+    "in time": "BALANCE (mode balance): in time: users whose every token reached their device "
+    "within the deadline (from the first send: the network is inside it), measured and "
+    "simulated (mean of 10 simulated runs over the same link); ceiling: users some mode could "
+    "serve in time alone, which no policy exceeds; TTFT / TPOT: time to first token and per "
+    "output token after it, on the device; completion: mean first send to last token, sim "
+    "err: the simulator's mean against it; peak GB: most memory the server's caches and "
+    "models held, in GB of the hardware it stands for, against the budget.",
 }
 
 

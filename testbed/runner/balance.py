@@ -1,15 +1,19 @@
-"""One BALANCE condition on a lab: users arrive at one hybrid AD/SD server under a memory budget.
+"""One BALANCE condition on a lab: users on the devices send their requests over their links
+to one hybrid AD/SD server under a memory budget.
 
-The runner writes the condition's users (arithmetic problems with their output lengths,
-mixed deadlines and Poisson arrival times) to the server host, where
-`agents.balance.server` replays their arrivals through admission control and the
-engine loop on the real models; users do not come from the devices over the lab's links. The
-same workload goes through the simulator on the controller, driven by the same cost model
-(measured on the server host once per run with `testbed profile`, unless `balance.profile`
-names one). Stored per condition: `balance_users.parquet` (one row per user: mode,
-measured and predicted completion, within deadline, output equal to the target's greedy
-output) and the journal's metrics (task throughput, memory against the budget, predicted
-against measured).
+Its steps, read top to bottom in `run_balance`: the links applied and checked (the
+playbook's `link`, or the topology profile `link_profile` names); the cost model (measured on
+the server host as its engines run: on an emulated lab paced to the hardware its class stands
+for, the memory in the bytes of the catalogue's models; or `balance.profile`); the users
+(arithmetic problems, Poisson arrivals, mixed deadlines) written per device, user k on device
+k mod N; the server (`agents.balance.server`) and one client per device
+(`agents.balance.client`) started, the clients sending at their users' times on the lab's
+clock; their records fetched; the tables. The simulator predicts the same users over the same
+link (`testbed.balance.over_link`) with the same cost model.
+
+Stored per condition: `balance_users.parquet` (one row per user: what its device saw, what the
+server did, what the simulator predicted, whether its tokens equal the target's greedy
+output), the cost model, the pacing table and the journal's metrics.
 """
 
 from __future__ import annotations
@@ -17,35 +21,51 @@ from __future__ import annotations
 import functools
 import json
 import shlex
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from agents.balance.costmodel import CostModel
 from agents.balance.problem import Users, default_service, make_instance, servable_alone
-from agents.balance.rescue import MOVED_TO_AD
-from agents.balance.serve import ServeResult, Workload, workload_span_s
+from agents.balance.serve import workload_span_s
+from agents.emulation.stepcost import GB
 from agents.records import read_records
 from agents.spec.decoding import generate_ad
 from agents.workloads.arithmetic import heldout_problems, prompt
 from testbed.balance.cost_file import read_cost_model
+from testbed.balance.over_link import LinkView, over_link
 from testbed.balance.simulator import simulate
-from testbed.config.playbook import BalanceSection, Condition, Playbook
+from testbed.balance.user_figures import condition_metrics, describe, user_table
+from testbed.config.playbook import Condition, Playbook
 from testbed.core.errors import BadInputError
 from testbed.core.files import atomic_write_json
 from testbed.hosts.inventory import InventoryHost
+from testbed.links.plan import condition_links
 from testbed.metrics.condition_stats import pacing_figures
 from testbed.results.store import ConditionFolder
 from testbed.results.tables import pacing_frame, write_parquet, write_typed
-from testbed.runner.agents import AGENT_ENV, fetch, model_on, place_emulation, wait_for_exit
-from testbed.runner.context import RunContext, condition_dilation
+from testbed.runner.agents import (
+    AGENT_ENV,
+    SERVER_PORT,
+    fetch,
+    model_on,
+    place_emulation,
+    wait_for_exit,
+    wait_for_file,
+)
+from testbed.runner.condition import READY_TIMEOUT_S, fresh_records
+from testbed.runner.context import RunContext, condition_devices, condition_dilation
 from testbed.runner.emulation import EMULATION_FILE, ConditionTime, emulation_tag
+from testbed.runner.lab_key import ensure_lab_key, key_path_on, place_lab_key
+from testbed.runner.link_step import condition_link_step
 
 SERVER_FILES = ("served.jsonl", "summary.json", "pacing.jsonl")
+CLIENT_FILES = ("balance_requests.jsonl", "status.json")
 COST_MODEL = "cost-model.json"  # in the condition's folder: the cost model it ran with
-MIB = 2**20
+CLIENT_LEAD_S = 4.0  # real seconds from starting the clients to their users' time zero
+PREDICTION_DRAWS = 10  # simulated runs per condition (accepted drafts and losses drawn)
 
 
 @functools.lru_cache(maxsize=2)
@@ -75,11 +95,11 @@ def draft_folder(draft: str) -> str:
     raise BadInputError(f"models.draft: balance mode needs an HF folder, not {draft}")
 
 
-def user_rows(pb: Playbook, target: str) -> list[dict[str, Any]]:
+def user_rows(pb: Playbook, target: str, devices: list[str]) -> list[dict[str, Any]]:
     """The condition's users: held-out arithmetic problems, each asking for the length of the
     target's greedy answer, with a deadline of base + length x a per-token time drawn from the
-    playbook's range, arriving as a Poisson process of `balance.rate_per_s` (drawn from
-    `seed` + `workload.arrival.seed`, which a repetition shifts)."""
+    playbook's range, sent as a Poisson process of `balance.rate_per_s` (drawn from `seed` +
+    `workload.arrival.seed`, which a repetition shifts); user k on device k mod N."""
     b = pb.balance
     rng = np.random.default_rng(pb.seed + pb.workload.arrival.seed)
     problems = heldout_problems(b.users, seed=pb.workload.seed)
@@ -89,42 +109,24 @@ def user_rows(pb: Playbook, target: str) -> list[dict[str, Any]]:
     rows = []
     for i, p in enumerate(problems):
         ref = reference_tokens(target, prompt(p), max_new)
-        rows.append(
-            {
-                "uid": i,
-                "problem": p.id,
-                "prompt": prompt(p),
-                "prompt_tokens": len(_engine(target).tokenize(prompt(p))),
-                "max_new": max_new,
-                "output_tokens": len(ref),
-                "reference": list(ref),
-                "deadline_s": b.deadline_base_s + len(ref) * float(per_token[i]),
-                "arrival_s": float(arrivals[i]),
-            }
-        )
+        ids = _engine(target).tokenize(prompt(p))
+        rows.append({
+            "uid": i, "dev": devices[i % len(devices)], "problem": p.id, "prompt": ids,
+            "output": len(ref), "reference": list(ref),
+            "deadline_s": b.deadline_base_s + len(ref) * float(per_token[i]),
+            "arrive_s": float(arrivals[i]),
+        })  # fmt: skip
     return rows
-
-
-def workload_of(rows: list[dict[str, Any]]) -> Workload:
-    users = Users(
-        prompt=np.array([r["prompt_tokens"] for r in rows]),
-        output=np.array([r["output_tokens"] for r in rows]),
-        deadline=np.array([r["deadline_s"] for r in rows]),
-    )
-    return Workload(users, np.array([r["arrival_s"] for r in rows]))
 
 
 def cost_model_on(
     ctx: RunContext, server: InventoryHost, pb: Playbook, staged: ConditionFolder, emulation: str,
-    tag: str,
-    models: tuple[str, str],
+    tag: str, models: tuple[str, str],
 ) -> CostModel:  # fmt: skip
-    """The run's cost model, on the server host and in `staged/cost-model.json`: the file
-    `balance.profile` names, or measured on the server host by `agents.balance.measure` on
-    `models` (draft, target) with the server's engines as they run (the emulation file
-    `emulation`, whose contents `tag` names)
-    the first time a run needs it (kept in the lab's server workdir, which goes with the
-    lab)."""
+    """The run's cost model, in `staged/cost-model.json`: the file `balance.profile` names, or
+    measured on the server host by `agents.balance.measure` on `models` (draft, target) with
+    the server's engines as they run (the emulation file `emulation`, whose contents `tag`
+    names) the first time a run needs it (kept in the lab's server workdir)."""
     hosts, b = ctx.hosts, pb.balance
     local = staged.file(COST_MODEL)
     if b.profile is None and (pb.models.draft, pb.models.target) != ("tiny", "tiny"):
@@ -162,188 +164,152 @@ def cost_model_on(
     return read_cost_model(local)
 
 
-def server_command(
-    host: InventoryHost, cond: Condition, target: str, draft: str, records: str, cost: str
-) -> str:
-    """The BALANCE server's command line (its emulation file beside its records)."""
-    b = cond.playbook.balance
+def server_command(host: InventoryHost, cond: Condition, target: str, draft: str,
+                   records: str) -> str:  # fmt: skip
+    """The BALANCE server's command line (its emulation file and cost model beside its
+    records)."""
+    pb, b = cond.playbook, cond.playbook.balance
     return shlex.join([
         host.python, "-m", "agents.balance.server",
-        "--users", f"{records}/users.jsonl",
-        "--cost", cost,
-        "--target", target,
-        "--draft", draft,
-        "--policy", b.policy,
-        "--memory-bytes", str(b.memory_mib * MIB),
-        "--fixed-share", str(b.fixed_share),
-        "--period-s", str(b.period_s),
-        "--threads", str(b.threads),
-        "--device", cond.playbook.models.server_device,
-        "--records", records,
+        "--bind", f"{host.address}:{SERVER_PORT}", "--key-file", key_path_on(host),
+        "--users", str(b.users), "--cost", f"{records}/{COST_MODEL}",
+        "--target", target, "--draft", draft, "--policy", b.policy,
+        "--memory-bytes", str(b.memory_gb * GB), "--fixed-share", str(b.fixed_share),
+        "--period-s", str(b.period_s), "--threads", str(b.threads),
+        "--device", pb.models.server_device, "--records", records,
+        "--ready-file", f"{records}/ready", "--emulation", f"{records}/{EMULATION_FILE}",
+    ])  # fmt: skip
+
+
+def client_command(host: InventoryHost, server: InventoryHost, cond: Condition, records: str,
+                   start_at: float) -> str:  # fmt: skip
+    """One device's BALANCE client: its users' requests over its link."""
+    return shlex.join([
+        host.python, "-m", "agents.balance.client",
+        "--server", f"{server.address}:{SERVER_PORT}", "--dev", host.name,
+        "--users", f"{records}/users.jsonl", "--records", records,
+        "--key-file", key_path_on(host), "--start-at", repr(start_at),
+        "--copies", str(cond.playbook.balance.copies),
         "--emulation", f"{records}/{EMULATION_FILE}",
     ])  # fmt: skip
 
 
-def user_table(
-    rows: list[dict[str, Any]], served: list[dict[str, Any]], predicted: ServeResult, cid: str
-) -> pd.DataFrame:
-    """One row per user: its request, the measured service and the simulator's prediction."""
-    by_uid = {s["uid"]: s for s in served}
-    out = []
-    for r in rows:
-        s = by_uid.get(r["uid"], {})
-        out.append(
-            {
-                "condition": cid,
-                "uid": r["uid"],
-                "problem": r["problem"],
-                "arrival_s": r["arrival_s"],
-                "deadline_s": r["deadline_s"],
-                "prompt_tokens": r["prompt_tokens"],
-                "output_tokens": r["output_tokens"],
-                "mode": s.get("mode"),
-                "admission": s.get("admission"),
-                "completion_s": s.get("completion_s"),
-                "met": s.get("met"),
-                "matches_target": s["tokens"] == r["reference"] if s.get("tokens") else None,
-                "predicted_mode": ("unserved", "AD", "SD")[int(predicted.mode[r["uid"]])],
-                "predicted_completion_s": float(predicted.finish[r["uid"]] - r["arrival_s"]),
-                "predicted_met": bool(predicted.met[r["uid"]]),
-            }
-        )
-    return pd.DataFrame(out)
-
-
-PREDICTION_DRAWS = 10  # simulated runs per condition, differing in the drafts accepted
-
-
-def condition_metrics(
-    users: pd.DataFrame,
-    summary: dict[str, Any],
-    predicted: list[ServeResult],
-    b: BalanceSection,
-    ceiling: int,
-) -> dict[str, Any]:
-    """The condition's figures: task throughput, memory against the budget, prediction error.
-
-    The simulator draws each SD round's accepted drafts at random, and with a few dozen users
-    one draw moves a user across its deadline or an admission: the predicted users in time
-    and task throughput are the mean over PREDICTION_DRAWS draws (the per-user predictions
-    come from the first). `ceiling`: users some mode could serve in time alone
-    (`problem.servable_alone`), which no policy exceeds.
-    """
-    served = users[users["mode"].isin(["AD", "SD"])]
-    both = served.dropna(subset=["completion_s", "predicted_completion_s"])
-    error = both["predicted_completion_s"] / both["completion_s"] - 1
-    in_time = int(users["met"].fillna(False).astype(bool).sum())
-    span = workload_span_s(users["arrival_s"].to_numpy(), users["deadline_s"].to_numpy())
-    throughput = in_time / span if span else 0.0
-    predicted_throughput = float(np.mean([p.task_throughput for p in predicted]))
-    budget = b.memory_mib * MIB
-    peak = max(summary["peak_reserved_bytes"], summary["peak_held_bytes"])
-    return {
-        "policy": b.policy,
-        "users": len(users),
-        "admitted": len(served),
-        "refused": len(users) - len(served),
-        "ad_users": int((served["mode"] == "AD").sum()),
-        "sd_users": int((served["mode"] == "SD").sum()),
-        "moved_to_ad": int(served["admission"].str.contains(MOVED_TO_AD).sum()),
-        "served_in_time": in_time,
-        "servable_alone": ceiling,
-        "late": len(served) - in_time,
-        "makespan_s": summary["makespan_s"],
-        "loop_behind_max_ms": summary["most_behind_s"] * 1000,
-        "steal_ms": summary["steal_ms"],
-        "span_s": span,
-        "task_throughput": throughput,
-        "outputs_equal_target": int(served["matches_target"].fillna(False).sum()),
-        "memory_budget_mib": b.memory_mib,
-        "peak_reserved_mib": summary["peak_reserved_bytes"] / MIB,
-        "peak_held_mib": summary["peak_held_bytes"] / MIB,
-        "memory_within_budget": bool(peak <= budget),
-        "rss_peak_mib": summary["rss_peak_bytes"] / MIB,
-        "rss_growth_mib": (summary["rss_peak_bytes"] - summary["rss_loaded_bytes"]) / MIB,
-        "predicted_served_in_time": float(np.mean([p.served_in_time for p in predicted])),
-        "predicted_task_throughput": predicted_throughput,
-        "predicted_task_throughput_error": predicted_throughput / throughput - 1
-        if throughput
-        else None,
-        "completion_error_mean_abs": float(error.abs().mean()) if len(error) else None,
-        "completion_error_median": float(error.median()) if len(error) else None,
-        "completion_compared_users": len(error),
-    }
-
-
-def describe(cid: str, b: BalanceSection, m: dict[str, Any]) -> str:
-    """One console line: what the condition served and how well the simulator predicted it."""
-    err = m["completion_error_mean_abs"]
-    return (
-        f"{cid}: {b.policy} {m['users']} users {b.memory_mib:g} MiB: {m['served_in_time']} in "
-        f"time of {m['servable_alone']} that a mode could serve alone ({m['ad_users']} AD "
-        f"({m['moved_to_ad']} moved from SD), {m['sd_users']} SD, {m['refused']} refused, "
-        f"{m['late']} late)"
-        f", task throughput {m['task_throughput']:.2f}/s (simulated "
-        f"{m['predicted_task_throughput']:.2f}/s), peak memory {m['peak_held_mib']:.2f} held / "
-        f"{m['peak_reserved_mib']:.2f} reserved of {b.memory_mib:g} MiB, completion-time error "
-        + ("-" if err is None else f"{err:.0%}")
-        + f"; the loop's periods started up to {m['loop_behind_max_ms']:.0f} ms late"
-        + ("" if m["steal_ms"] is None else f" (steal {m['steal_ms']:.0f} ms)")
+def predictions(cost: CostModel, rows: list[dict[str, Any]], pb: Playbook) -> list[Any]:
+    """The simulator's runs of the condition's users over its link (PREDICTION_DRAWS draws of
+    accepted drafts and lost datagrams), each (OverLink, ServeResult)."""
+    b = pb.balance
+    users = Users(
+        prompt=np.array([len(r["prompt"]) for r in rows]),
+        output=np.array([r["output"] for r in rows]),
+        deadline=np.array([r["deadline_s"] for r in rows]),
     )
+    send = np.array([r["arrive_s"] for r in rows])
+    service = default_service(cost, b.fixed_share, b.period_s)
+    view = LinkView.of(pb.link, b.copies)
+    out = []
+    for k in range(PREDICTION_DRAWS):
+        drawn = over_link(users, send, view, np.random.default_rng(pb.seed + 1000 + k))
+        out.append((drawn, simulate(cost, drawn.server, b.memory_gb * GB, service, b.policy,
+                                    seed=pb.seed + k)))  # fmt: skip
+    return out
+
+
+def ceiling(cost: CostModel, rows: list[dict[str, Any]], pb: Playbook) -> int:
+    """Users some mode could serve in time alone (over the link's expected time), which no
+    policy exceeds."""
+    b = pb.balance
+    drawn = over_link(
+        Users(np.array([len(r["prompt"]) for r in rows]), np.array([r["output"] for r in rows]),
+              np.array([r["deadline_s"] for r in rows])),
+        np.array([r["arrive_s"] for r in rows]), LinkView.of(pb.link, b.copies),
+        np.random.default_rng(pb.seed),
+    )  # fmt: skip
+    service = default_service(cost, b.fixed_share, b.period_s)
+    return int(servable_alone(make_instance(cost, drawn.server.users, b.memory_gb * GB,
+                                            service)).sum())  # fmt: skip
 
 
 def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> dict[str, Any]:
-    """Run one BALANCE condition; returns the journal field `metrics` (raises on failure)."""
+    """Run one BALANCE condition; returns the journal fields `link` and `metrics`."""
     pb, b = cond.playbook, cond.playbook.balance
     if pb.workload.kind != "arithmetic":
         raise BadInputError("workload.kind: balance mode serves arithmetic problems only")
-    hosts = ctx.hosts
-    server = ctx.lab.inventory().server
-    draft = ctx.draft_model if ctx.dry_run else draft_folder(ctx.draft_model)
-    records = f"{server.workdir}/runs/{cond.id}"
-    hosts.run(server, f"rm -rf {shlex.quote(records)} && mkdir -p {shlex.quote(records)}")
+    hosts, inv = ctx.hosts, ctx.lab.inventory()
+    server, devices = inv.server, condition_devices(inv, cond)
+    names = [d.name for d in devices]
     when = ConditionTime.starting_now(condition_dilation(cond))
-    inputs = staged.inputs()
-    doc = place_emulation(hosts, server, cond, ctx.lab.emulated, when, inputs, records)
-    target = model_on(server, "target_model", ctx.target_model)  # placed by Ansible, if so
-    cost = cost_model_on(ctx, server, pb, staged, f"{records}/{EMULATION_FILE}",
-                         emulation_tag(doc), (draft, target))  # fmt: skip
-    cost_remote = f"{records}/cost-model.json"
-    command = server_command(server, cond, target, draft, records, cost_remote)
-    if ctx.dry_run:
-        ctx.say(f"  write the users and the cost model to {server.name}:{records}")
-        hosts.start(server, "balance-server", command, env=AGENT_ENV)
-        return {"metrics": {}}
-    rows = user_rows(pb, ctx.target_model)
-    local = inputs / "users.jsonl"
-    # the server gets each request, not the answer it is checked against
-    sent = [{k: v for k, v in r.items() if k != "reference"} for r in rows]
-    local.write_text("".join(json.dumps(r) + "\n" for r in sent))
-    hosts.put(server, local, f"{records}/users.jsonl")
-    hosts.put(server, staged.file(COST_MODEL), cost_remote)
-    ctx.say(f"{cond.id}: {b.users} users arrive at {server.name} ({b.policy})")
-    proc = hosts.start(server, "balance-server", command, env=AGENT_ENV)
-    try:
-        wait_for_exit(hosts, [proc], when.real_s(pb.condition_timeout_s))
-    finally:
-        if hosts.is_alive(proc):
-            hosts.stop(proc)
-    fetched = staged.host(server.name)
-    fetch(hosts, server, records, SERVER_FILES, proc, fetched)
-    served = read_records(fetched / "served.jsonl")
-    summary = json.loads((fetched / "summary.json").read_text())
-    service = default_service(cost, b.fixed_share, b.period_s)
-    work = workload_of(rows)
-    predicted = [
-        simulate(cost, work, b.memory_mib * MIB, service, b.policy, seed=pb.seed + k)
-        for k in range(PREDICTION_DRAWS)
-    ]
-    users = user_table(rows, served, predicted[0], cond.id)
+    links = condition_links(ctx.lab, names, pb, when.dilation)
+    ctx.say(f"{cond.id}: link rtt {pb.link.rtt_ms} ms, loss {pb.link.loss}"
+            + (f", time dilated x{when.dilation:g}" if when.dilation != 1 else ""))  # fmt: skip
+    with condition_link_step(ctx, links, when, staged, pb.impairment) as link:
+        records = f"runs/{cond.id}"
+        on = {h.name: f"{h.workdir}/{records}" for h in [server, *devices]}
+        inputs = staged.inputs()
+        for h in [server, *devices]:
+            fresh_records(hosts, h, on[h.name])
+        doc = place_emulation(hosts, server, cond, ctx.lab.emulated, when, inputs, on[server.name])
+        draft = ctx.draft_model if ctx.dry_run else draft_folder(ctx.draft_model)
+        target = model_on(server, "target_model", ctx.target_model)
+        cost = cost_model_on(ctx, server, pb, staged, f"{on[server.name]}/{EMULATION_FILE}",
+                             emulation_tag(doc), (draft, target))  # fmt: skip
+        place_lab_key(hosts, [server, *devices], ensure_lab_key(ctx.lab.runtime_dir))
+        rows = [] if ctx.dry_run else user_rows(pb, ctx.target_model, names)
+        for dev in devices:
+            place_emulation(hosts, dev, cond, ctx.lab.emulated, when, inputs, on[dev.name])
+            mine = inputs / f"{dev.name}.users.jsonl"  # the request, not the answer it is
+            mine.write_text("".join(  # checked against
+                json.dumps({k: v for k, v in r.items() if k not in ("reference", "dev")}) + "\n"
+                for r in rows if r["dev"] == dev.name))  # fmt: skip
+            hosts.put(dev, mine, f"{on[dev.name]}/users.jsonl")
+        if not ctx.dry_run:
+            hosts.put(server, staged.file(COST_MODEL), f"{on[server.name]}/{COST_MODEL}")
+        ctx.say(f"{cond.id}: {b.users} users on {len(devices)} devices ask {server.name} "
+                f"({b.policy}, {b.memory_gb:g} GB)")  # fmt: skip
+        proc = hosts.start(server, "balance-server",
+                           server_command(server, cond, target, draft, on[server.name]),
+                           env=AGENT_ENV)  # fmt: skip
+        clients: dict[str, Any] = {}
+        try:
+            if not ctx.dry_run:
+                wait_for_file(hosts, server, f"{on[server.name]}/ready", proc, READY_TIMEOUT_S)
+            start_at = when.wall(time.time() + CLIENT_LEAD_S)
+            ctx.say(f"{cond.id}: the clients send from {CLIENT_LEAD_S:g} s from now")
+            clients = hosts.start_all(
+                "balance-client",
+                lambda h: client_command(h, server, cond, on[h.name], start_at),
+                devices, env=AGENT_ENV,
+            )  # fmt: skip
+            if ctx.dry_run:
+                return {"link": link.record, "metrics": {}}
+            wait_for_exit(hosts, list(clients.values()), when.real_s(pb.condition_timeout_s))
+        finally:
+            for p in [proc, *clients.values()]:
+                if hosts.is_alive(p):
+                    hosts.stop(p)
+        fetch(hosts, server, on[server.name], SERVER_FILES, proc, staged.host(server.name))
+        for dev in devices:
+            fetch(hosts, dev, on[dev.name], CLIENT_FILES, clients[dev.name],
+                  staged.host(dev.name))  # fmt: skip
+        link.close()
+    metrics = tables(cond, staged, rows, cost, names, server.name)
+    ctx.say(describe(cond.id, b, metrics))
+    return {"link": link.record, "metrics": metrics}
+
+
+def tables(cond: Condition, staged: ConditionFolder, rows: list[dict[str, Any]], cost: CostModel,
+           devices: list[str], server: str) -> dict[str, Any]:  # fmt: skip
+    """The condition's user table and figures from the fetched records."""
+    pb = cond.playbook
+    seen = [r for d in devices for r in read_records(staged.host(d) / "balance_requests.jsonl")]
+    served = read_records(staged.host(server) / "served.jsonl")
+    summary = json.loads((staged.host(server) / "summary.json").read_text())
+    predicted = predictions(cost, rows, pb)
+    users = user_table(rows, seen, served, predicted[0], cond.id)
     write_parquet(users, staged.table("balance_users"))
-    inst = make_instance(cost, work.users, b.memory_mib * MIB, service)
-    ceiling = int(servable_alone(inst).sum())
-    metrics = condition_metrics(users, summary, predicted, b, ceiling)
+    span = workload_span_s(np.array([r["arrive_s"] for r in rows]),
+                           np.array([r["deadline_s"] for r in rows]))  # fmt: skip
+    metrics = condition_metrics(users, summary, predicted, pb.balance, ceiling(cost, rows, pb),
+                                span)  # fmt: skip
     pacing = write_typed("pacing", pacing_frame(staged, cond.id), staged)
     metrics |= pacing_figures(pacing)
-    ctx.say(describe(cond.id, b, metrics))
-    return {"metrics": metrics}
+    return metrics

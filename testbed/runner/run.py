@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from agents.workloads.arithmetic import Problem
+from testbed.balance.budget import check_budget
 from testbed.config.playbook import (
     DEFAULT_MAX_CONDITIONS,
     Condition,
@@ -87,6 +88,8 @@ def check_conditions(conditions: Sweep, topology: Topology, source: str) -> None
         where = f"{source} ({cond.id})" if conditions.keys else source
         time_dilation(cond.playbook, where)
         check_emulation(cond.playbook, hosts, where)
+        if cond.playbook.mode == "balance":
+            check_budget(cond.playbook, topology.server.host_class, where)
 
 
 def _import_torch_before_ansible() -> None:

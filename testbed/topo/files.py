@@ -65,6 +65,11 @@ class TopologyFile(_Strict):
     def _names_exist(self) -> TopologyFile:
         known = ", ".join(self.profiles)
         wanted = [("links.primary", self.links.primary), ("links.backup", self.links.backup)]
+        if self.server.host_class not in host_classes():
+            raise ValueError(
+                f"server.class: unknown host class {self.server.host_class!r} "
+                f"(known: {', '.join(host_classes())})"
+            )
         for i, entry in enumerate(self.fleet):
             wanted += [(f"fleet.{i}.primary", entry.primary), (f"fleet.{i}.backup", entry.backup)]
             if entry.host_class not in host_classes():
@@ -114,3 +119,8 @@ def load_topology(path: str | Path) -> Topology:
         return spec.build()
     except ValueError as exc:
         raise BadInputError(f"{path}: {exc}") from None
+
+
+def topology_profiles(path: str | Path) -> dict[str, LinkProfile]:
+    """The named link profiles of a topology file."""
+    return load_model(TopologyFile, Path(path)).profiles
