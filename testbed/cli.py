@@ -52,6 +52,7 @@ COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("lab clear", lab.clear_cmd),
     ("lab probe", lab.probe_cmd),
     ("lab calibrate", calibrate.calibrate),
+    ("lab capture", lab.capture),
     ("models build-tiny", models.build_tiny),
     ("models check", models.check),
     ("results ls", results.ls),

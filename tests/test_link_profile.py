@@ -79,16 +79,37 @@ def test_shipped_traces_load_and_say_they_are_synthetic() -> None:
     assert [p.profile.up_loss for p in wifi[60:64]] == [1.0] * 4  # the outage it documents
 
 
-def test_bad_trace_names_file_row_and_column(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (
+            "# comment\nt_s,rtt_ms,loss\n0,85,0\n1,85,1.5\n",
+            r"row 4, column 3 \(loss\): .*less than or equal to 1",
+        ),
+        (
+            "t_s,rtt_ms,loss\n0,85,0\n1,eighty,0\n",
+            r"row 3, column 2 \(rtt_ms\): 'eighty' is not a number",
+        ),
+        (
+            "t_s,rtt_ms,loss\n0,85,0\n1,85,7\n",
+            r"row 3, column 3 \(loss\): .*less than or equal to 1",
+        ),
+        (
+            "t_s,loss,jitter_ms\n0,0,-1\n",
+            r"row 2, column 3 \(jitter_ms\): .*greater than or equal to 0",
+        ),
+        ("t_s,rtt_ms\n0,85\n\n# gap\n0,90\n", r"row 5, column 1 \(t_s\): t_s must increase"),
+        ("t_s,rtt_ms\n0,85\n1,85,3\n", r"row 3: 3 cells, expected 2"),
+        ("t_s,rtt_ms\n,85\n", r"row 2, column 1 \(t_s\): empty"),
+        ("t_s,rtt_ms\n0,nan\n", r"row 2, column 2 \(rtt_ms\): 'nan' is not a number"),
+        ("t_s,delay\n0,85\n", r"row 1: trace columns \['delay'\]"),
+        ("t_s,rtt_ms\n", r"row 1: trace has a header and no rows"),
+    ],
+)
+def test_bad_trace_names_file_row_and_column(tmp_path: Path, text: str, where: str) -> None:
     bad = tmp_path / "bad.csv"
-    bad.write_text("# comment\nt_s,rtt_ms,loss\n0,85,0\n1,85,1.5\n")
-    with pytest.raises(BadInputError, match=r"bad.csv row 3: loss.random: .*less than or equal"):
-        load_trace(bad)
-    bad.write_text("t_s,delay\n0,85\n")
-    with pytest.raises(BadInputError, match=r"bad.csv: trace columns \['delay'\]"):
-        load_trace(bad)
-    bad.write_text("t_s,rtt_ms\n0,85\n0,90\n")
-    with pytest.raises(BadInputError, match="row 3: t_s must increase"):
+    bad.write_text(text)
+    with pytest.raises(BadInputError, match=rf"bad\.csv {where}"):
         load_trace(bad)
 
 
@@ -102,9 +123,15 @@ def test_netem_renders_gemodel_distribution_and_limit() -> None:
         queue_limit=500,
     )
     assert " ".join(netem_args(prof, "up")) == (
-        "netem limit 500 delay 42.5ms 3ms distribution pareto loss gemodel 1% 25% 90% 0%"
+        "netem limit 500 delay 42.5ms 3ms distribution pareto rate 10gbit "
+        "loss gemodel 1% 25% 90% 0%"
     )
     assert " ".join(netem_args(prof, "down")) == (
+        "netem limit 500 delay 42.5ms 3ms distribution pareto rate 10gbit loss random 2%"
+    )
+    # netem keeps order only given a rate; `order: reorder` is netem as it is
+    passing = prof.model_copy(update={"order": "reorder"})
+    assert " ".join(netem_args(passing, "down")) == (
         "netem limit 500 delay 42.5ms 3ms distribution pareto loss random 2%"
     )
 
@@ -134,10 +161,10 @@ def test_holder_config_lists_every_phase_per_direction(tmp_path: Path) -> None:
     setup = holder_config(7, list(enumerate(lab.devices, start=1)), {"dev2": prof})
     assert setup.splitlines() == [
         "generation 7",
-        "queue 104 100000 5 dev2 up",
+        "queue 104 100000 5 dev2 up keep",
         "phase 104 0 42500 1000 normal 0.05 0.5 1 0",
         "phase 104 2500000 42500 1000 normal 0 1 1 1",
-        "queue 105 100000 5 dev2 down",
+        "queue 105 100000 5 dev2 down keep",
         "phase 105 0 42500 1000 normal 0 1 1 0",
         "phase 105 2500000 42500 1000 normal 0 1 1 1",
     ]

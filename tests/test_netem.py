@@ -134,7 +134,7 @@ def test_netem_backend_commands(tmp_path: Path) -> None:
     TcNetemBackend(runner).apply(lab, {"dev2": LinkProfile(rtt_ms=85, jitter_ms=1, loss=0.1)})
     cmds = [a for a in runner.actions if " tc " in f" {a.split(' tb-bdry-sw ')[-1]} "]
     text = "\n".join(cmds)
-    netem = "netem limit 100000 delay 42.5ms 1ms loss random 10%"
+    netem = "netem limit 100000 delay 42.5ms 1ms rate 10gbit loss random 10%"
     assert f"tc qdisc add dev p-dev2 parent 1:2 handle 2: {netem}" in text
     match = "u32 match ip src 10.79.209.1/32 flowid 1:2"
     assert f"tc filter add dev p-dev2 parent 1: protocol ip prio 1 {match}" in text

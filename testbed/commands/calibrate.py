@@ -59,7 +59,37 @@ def describe(c: Calibration) -> str:
         parts.append(
             f"echo throughput {c.throughput_mbit:.2f} Mbit/s (limit {c.requested.rate_mbit:g})"
         )
-    return " ".join(parts)
+    fit = c.fit
+    if fit is not None and fit.expected is not None and fit.measured is not None:
+        e, m = fit.expected, fit.measured
+        parts.append(
+            f"model ({fit.model}): p10/p50/p90 expected {e.p10:.2f}/{e.p50:.2f}/{e.p90:.2f}, "
+            f"measured {m.p10:.2f}/{m.p50:.2f}/{m.p90:.2f} ms, KS distance "
+            f"{_fmt(fit.ks_distance)} (p {_fmt(fit.ks_p)})"
+        )
+    lines = [" ".join(parts)]
+    for w in fit.windows if fit is not None else []:
+        lines.append(
+            f"    from {w.at_s:g} s (rtt {w.rtt_ms:g} ms, loss up/down {w.loss_up:g}/"
+            f"{w.loss_down:g}): {w.echoes}/{w.sent} back, rtt p50 expected "
+            f"{_fmt(w.rtt_expected_p50_ms)} measured {_fmt(w.rtt_measured_p50_ms)} ms, "
+            f"round-trip loss expected {100 * w.loss_expected:.1f}% measured "
+            f"{'-' if w.loss_measured is None else f'{100 * w.loss_measured:.1f}%'}"
+        )
+    return "\n".join(lines)
+
+
+def _print_distances(rows: list[Calibration]) -> None:
+    """Per jittered profile: the KS distance of realized and expected RTTs over its links."""
+    from testbed.links.calibrate import distances
+
+    for d in distances(rows):
+        typer.echo(
+            f"  {d.profile}: {d.jitter_dist} jitter, order {d.order}: KS distance "
+            f"{d.ks_median:.3f} median, {d.ks_max:.3f} worst over {d.links} links "
+            f"({d.echoes} echoes each at least; p below 0.01 on {d.rejected}); median RTT "
+            f"expected {d.expected_p50_ms:.2f}, measured {d.measured_p50_ms:.2f} ms"
+        )
 
 
 def _print(rows: list[Calibration], as_json: bool) -> None:
@@ -89,6 +119,13 @@ def calibrate(
     count: Annotated[int, typer.Option(help="Probe packets per link and profile.")] = 500,
     interval: Annotated[float, typer.Option(help="Interval between packets, ms.")] = 5.0,
     backend: Annotated[str, typer.Option(help="auto, netem or nfqueue.")] = "auto",
+    span: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a profile that changes (schedule, trace) is probed from when it is "
+            "applied; its windows are reported one by one."
+        ),
+    ] = 5.0,
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON line per link and profile.")
     ] = False,
@@ -108,10 +145,14 @@ def calibrate(
     with exit_codes(INTERRUPTED):
         site = link_site(name, state_dir, inventory, False)
         chosen = load_profiles(profiles) if profiles else DEFAULT_PROFILES
-        rows = calibrate(site, chosen, device, count, interval, backend=backend)  # type: ignore[arg-type]
+        rows = calibrate(site, chosen, device, count, interval, backend=backend,  # type: ignore[arg-type]
+                         span_s=span)  # fmt: skip
         _print(rows, as_json)
         verdict = loss_verdict(rows)
         if not as_json:
+            typer.echo("distribution distance (realized against expected RTTs, per jitter "
+                       "distribution and order):")  # fmt: skip
+            _print_distances(rows)
             _print_verdict(verdict)
         if not verdict.ok:
             raise typer.Exit(4)

@@ -251,3 +251,53 @@ def probe_cmd(
                 sys.stdout.write(res.model_dump_json() + "\n")
             else:
                 typer.echo(format_result(res))
+
+
+def capture(
+    device: DevicesOpt = None,
+    count: Annotated[int, typer.Option(help="Probe datagrams per link.")] = 1000,
+    interval: Annotated[float, typer.Option(help="Interval between datagrams, ms.")] = 5.0,
+    profile_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--profile",
+            help="Apply this link profile (YAML) first, and clear it after; default: capture "
+            "the links as they are impaired now.",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for the pcaps (default: the lab's run folder).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON line per link.")] = False,
+    name: NameOpt = "lab",
+    state_dir: StateOpt = None,
+) -> None:
+    """Record both sides of each device's impaired hop as pcap while a probe crosses it, and
+    read them with scapy: per-packet one-way delay, loss bursts and reordering, against the
+    packet holder's model (a namespace or Mininet lab)."""
+    with exit_codes(INTERRUPTED):
+        from testbed.core.errors import BadInputError
+        from testbed.links.api import apply, clear, current
+        from testbed.links.capture import capture_link, describe
+
+        lab = find_lab(name, state_dir)
+        names = device or [d.name for d in lab.devices]
+        if profile_file is not None:
+            apply(lab, _profile_from_file(profile_file, {}), names)
+        try:
+            imp = current(lab)
+            missing = [d for d in names if imp is None or d not in imp.profiles]
+            if missing:
+                raise BadInputError(f"lab {name}: {missing} not impaired; give --profile")
+            assert imp is not None
+            folder = out or lab.runtime_dir / "capture"
+            for dev in names:
+                res = capture_link(lab, dev, imp.profiles[dev], folder / dev, count, interval)
+                if as_json:
+                    sys.stdout.write(res.model_dump_json() + "\n")
+                else:
+                    for line in describe(res):
+                        typer.echo(line)
+        finally:
+            if profile_file is not None:
+                clear(lab, names)

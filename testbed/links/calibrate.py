@@ -5,11 +5,16 @@ device's namespace and an echo responder in the server's (`agents.link_probe`) n
 so the server side counts what crossed the hop up, and the device side what came back down.
 For every profile it reports RTT median and p99 with their error, jitter, loss per direction
 with its 95 % intervals, Gilbert-Elliott mean loss and burst length against the model, and the
-echo throughput when the profile limits the rate.
+echo throughput when the profile limits the rate; and the realized RTT distribution against
+the one the holder's model gives for the same packets (`testbed.links.expect`): quantiles side
+by side and their two-sample Kolmogorov-Smirnov distance, and for a profile that changes (a
+schedule, a trace) the RTT and loss of each step or trace row the probe met. A changing
+profile is probed for `span_s` seconds from when it is applied (its first steps or rows).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -27,10 +32,14 @@ from testbed.core.loading import read_yaml
 from testbed.labs.interface import LinkSite
 from testbed.labs.setup import LabHost
 from testbed.links.api import apply, clear
-from testbed.links.probe import RawProbe, probe_packets
-from testbed.topo.profile import GilbertElliott, LinkProfile
+from testbed.links.expect import LinkClock, LinkFit, fit_probe
+from testbed.links.probe import RawProbe, link_clock, probe_packets
+from testbed.topo.profile import GilbertElliott, LinkProfile, ScheduleStep
+from testbed.topo.schedule import duration_s
 
 BLAST_SIZE = 1200  # bytes per datagram when measuring throughput
+TRACES = Path("topologies/traces")  # the shipped traces, from the repository root
+SPAN_S = 5.0  # how long a changing profile is probed, from when it is applied
 
 DEFAULT_PROFILES: dict[str, LinkProfile] = {
     "85ms": LinkProfile(rtt_ms=85),
@@ -41,6 +50,18 @@ DEFAULT_PROFILES: dict[str, LinkProfile] = {
     "85ms-gilbert": LinkProfile(rtt_ms=85, loss=GilbertElliott(p=0.02, r=0.25), seed=4),
     "85ms-jitter2-normal": LinkProfile(rtt_ms=85, jitter_ms=2, jitter_dist="normal", seed=5),
     "85ms-10mbit": LinkProfile(rtt_ms=85, rate_mbit=10),
+    **{
+        f"95ms-jitter6-{dist}{'-reorder' if order == 'reorder' else ''}": LinkProfile(
+            rtt_ms=95, jitter_ms=6, jitter_dist=dist, order=order, seed=6
+        )
+        for order in ("keep", "reorder")
+        for dist in ("uniform", "normal", "pareto", "paretonormal")
+    },  # fmt: skip
+    "85ms-step-2s": LinkProfile(
+        rtt_ms=85, seed=7, schedule=(ScheduleStep(at_s=2, rtt_ms=140, loss=0.1),)
+    ),
+    "wifi-trace": LinkProfile(trace=TRACES / "wifi-synthetic.csv", seed=8),
+    "5g-trace": LinkProfile(trace=TRACES / "5g-synthetic.csv", seed=9),
 }
 
 
@@ -88,6 +109,7 @@ class Calibration(BaseModel):
     holder_generation: int | None = None  # the packet holder's config while it was measured
     started_at: float | None = None  # wall clock (s): the profile's probes began ...
     ended_at: float | None = None  # ... and every link's probes had ended
+    fit: LinkFit | None = None  # the RTT distribution expected beside the measured, per window
     # per echo: (when it left the device, when its echo left the server) on CLOCK_MONOTONIC
     # in ns, and its |RTT error| in ms; to tell which round trips a stall of the holder met
     echo_legs: list[tuple[int, int, float]] = Field(default_factory=list, exclude=True, repr=False)
@@ -147,6 +169,50 @@ def loss_verdict(rows: list[Calibration]) -> LossVerdict:
     return LossVerdict(inside, checks, float(p), pooled)
 
 
+@dataclass(frozen=True)
+class Distance:
+    """One jittered profile over its links: how far the realized RTT distribution lies from the
+    model's (two-sample Kolmogorov-Smirnov distance, per link), and the medians side by side."""
+
+    profile: str
+    jitter_dist: str
+    order: str
+    links: int
+    echoes: int  # the fewest echoes a link's distance rests on
+    ks_median: float
+    ks_max: float
+    rejected: int  # links whose KS p-value is below 0.01
+    expected_p50_ms: float
+    measured_p50_ms: float
+
+
+def distances(rows: list[Calibration]) -> list[Distance]:
+    """Per profile with jitter (in the order first met), its `Distance`."""
+    by: dict[str, list[Calibration]] = defaultdict(list)
+    for r in rows:
+        if r.requested.jitter_ms > 0 and r.fit and r.fit.ks_distance is not None:
+            by[r.profile].append(r)
+    out = []
+    for name, group in by.items():
+        fits = [r.fit for r in group if r.fit is not None]
+        ks = [f.ks_distance for f in fits if f.ks_distance is not None]
+        out.append(
+            Distance(
+                profile=name,
+                jitter_dist=group[0].requested.jitter_dist,
+                order=group[0].requested.order,
+                links=len(fits),
+                echoes=min(f.echoes for f in fits),
+                ks_median=float(np.median(ks)),
+                ks_max=max(ks),
+                rejected=sum(1 for f in fits if f.ks_p is not None and f.ks_p < 0.01),
+                expected_p50_ms=float(np.median([f.expected.p50 for f in fits if f.expected])),
+                measured_p50_ms=float(np.median([f.measured.p50 for f in fits if f.measured])),
+            )
+        )
+    return out
+
+
 def load_profiles(path: Path) -> dict[str, LinkProfile]:
     """A YAML mapping of profile name -> link profile fields."""
     data = read_yaml(path)
@@ -192,14 +258,27 @@ def _bursts(lost: list[bool], profile: LinkProfile, direction: str) -> BurstChec
     )
 
 
-def analyse(name: str, backend: str, profile: LinkProfile, raw: RawProbe) -> Calibration:
-    """The figures of one probe against the profile it measured."""
+def analyse(
+    name: str,
+    backend: str,
+    profile: LinkProfile,
+    raw: RawProbe,
+    clock: LinkClock | None = None,
+    interval_ms: float = 5.0,
+) -> Calibration:
+    """The figures of one probe against the profile it measured (`clock`, `interval_ms`: see
+    `fit_probe`); each RTT's error is against the RTT in force when its packet was sent."""
+    fit = fit_probe(profile, raw.sent, raw.at_server, raw.rtt_ms, raw.sent_ns,
+                    raw.echo_sent_ns, clock, interval_ms)  # fmt: skip
     reached = set(raw.at_server)
     lost_up = [seq not in reached for seq in range(raw.sent)]
     lost_down = [seq not in raw.rtt_ms for seq in raw.at_server]
     rtts = np.array(list(raw.rtt_ms.values()))
+    asked = np.array([fit.rtt_in_force_ms.get(s, profile.rtt_ms) for s in raw.rtt_ms])
     have = len(rtts) > 0
-    err = np.abs(rtts - profile.rtt_ms)
+    err = np.abs(rtts - asked)
+    up_loss = fit.loss_up_expected if profile.varies else profile.up_loss
+    down_loss = fit.loss_down_expected if profile.varies else profile.down_loss
     return Calibration(
         profile=name,
         device=raw.device,
@@ -212,11 +291,12 @@ def analyse(name: str, backend: str, profile: LinkProfile, raw: RawProbe) -> Cal
         rtt_error_p99_ms=float(np.percentile(err, 99)) if have else None,
         jitter_std_ms=float(rtts.std()) if have else None,
         jitter_ipdv_ms=float(np.abs(np.diff(rtts)).mean()) if len(rtts) > 1 else None,
-        loss_up=_loss_check(lost_up, profile.up_loss, _is_random(profile, "up")),
-        loss_down=_loss_check(lost_down, profile.down_loss, _is_random(profile, "down")),
+        loss_up=_loss_check(lost_up, up_loss, _is_random(profile, "up")),
+        loss_down=_loss_check(lost_down, down_loss, _is_random(profile, "down")),
         bursts_up=_bursts(lost_up, profile, "up"),
         bursts_down=_bursts(lost_down, profile, "down"),
         throughput_mbit=None,
+        fit=fit,
         echo_legs=[
             (raw.sent_ns[seq], raw.echo_sent_ns[seq], abs(rtt - profile.rtt_ms))
             for seq, rtt in raw.rtt_ms.items()
@@ -233,9 +313,13 @@ def _measure(
     dev: LabHost,
     count: int,
     interval_ms: float,
+    span_s: float = SPAN_S,
 ) -> Calibration:
+    if profile.varies:  # from its start, for `span_s` (or to just after its last change)
+        count = max(count, math.ceil(min(duration_s(profile) + 1, span_s) * 1000 / interval_ms))
     raw = probe_packets(site, dev, profile, count=count, interval_ms=interval_ms)
-    cal = analyse(name, backend, profile, raw)
+    clock = link_clock(site, dev.name, raw, interval_ms)
+    cal = analyse(name, backend, profile, raw, clock, interval_ms)
     if profile.rate_mbit is not None:
         # enough back-to-back datagrams for about one second at the limit, then count echoes
         n = int(min(5000, max(200, profile.rate_mbit * 1e6 / 8 / BLAST_SIZE)))
@@ -252,22 +336,24 @@ def calibrate(
     interval_ms: float = 5.0,
     parallel: int = 16,
     backend: Literal["auto", "netem", "nfqueue"] = "auto",
+    span_s: float = SPAN_S,
 ) -> list[Calibration]:
-    """Apply each profile to `devices` (default all), probe them together, then clear."""
+    """Apply each profile to `devices` (default all), probe them together, then clear; a
+    profile that changes is probed for `span_s` from when it is applied (through the packet
+    holder where `backend` is auto)."""
     targets = [site.host(d) for d in devices] if devices else list(site.devices)
-    varying = sorted(name for name, prof in profiles.items() if prof.varies)
-    if varying:
-        raise BadInputError(f"calibrate takes static profiles; {varying} have a schedule")
     out: list[Calibration] = []
     try:
         for name, profile in profiles.items():
-            imp = apply(site, profile, [t.name for t in targets], backend=backend)
+            # a changing profile runs in the packet holder alone (netem has no schedules)
+            how = "nfqueue" if profile.varies and backend == "auto" else backend
+            imp = apply(site, profile, [t.name for t in targets], backend=how)
             used = imp.backend + (f"/{imp.holder}" if imp.holder else "")
             generation = imp.backend_state.get("holder_generation")
             started = time.time()
             measured = fan_out(
                 lambda d, name=name, used=used, profile=profile: _measure(
-                    site, name, used, profile, d, count, interval_ms
+                    site, name, used, profile, d, count, interval_ms, span_s
                 ),
                 targets,
                 max_workers=parallel,

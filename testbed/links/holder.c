@@ -2,19 +2,24 @@
  *
  * Each bound netfilter queue is one direction of one link. A packet queued there is lost by the
  * queue's Gilbert-Elliott chain (random loss is a one-state chain), or held for the delay plus a
- * jitter drawn from the queue's distribution and then accepted, in arrival order (never
- * reordered). A queue steps through phases (a schedule): phase i applies from AT_US after the
- * config was loaded; packets already held keep their release time.
+ * jitter drawn from the queue's distribution (never below 0) and then accepted. ORDER keep (the
+ * default) accepts in arrival order: a packet due before its predecessor waits for it (never
+ * reordered); ORDER reorder accepts each when it is due, so packets pass each other as their
+ * delays say. testbed/links/model.py is this model in numbers. A queue steps through phases (a
+ * schedule): phase i applies from AT_US after the config was loaded; packets already held keep
+ * their release time.
  *
  * Config file (re-read on SIGHUP: a queue whose phases changed restarts its clock at the reload,
  * one whose phases are repeated keeps running as it was; queues no longer named are released
  * and unbound; a queue's LIMIT is fixed when it is first bound):
  *   generation N
- *   queue QNUM LIMIT SEED LINK DIRECTION     (SEED 0: seeded from the clock)
+ *   queue QNUM LIMIT SEED LINK DIRECTION [ORDER]   (SEED 0: seeded from the clock; ORDER keep)
  *   phase QNUM AT_US DELAY_US JITTER_US DIST P R ONE_MINUS_H ONE_MINUS_K
  * DIST is uniform | normal | pareto | paretonormal (sigma = JITTER_US for the last three).
  * Every phase change is appended to the --log file as one JSON line stamped with wall-clock
- * time, and after each load the generation number is written to CONFIG.ack.
+ * time. After each load each queue's clock, "QNUM LINK DIRECTION T0_NS" (CLOCK_MONOTONIC ns from
+ * which its phases count), is written to CONFIG.clocks, then the generation number to
+ * CONFIG.ack.
  *
  * Accuracy: the hold counts from the packet's kernel receive timestamp (switched on by holding
  * one SO_TIMESTAMP socket), not from when it was read; a packet without one (the kernel clears
@@ -94,7 +99,8 @@ static const char PROBE_MAGIC[4] = {'t', 'b', 'R', 'X'};
 enum { UNIFORM, NORMAL, PARETO, PARETONORMAL };
 static const char *DIST_NAMES[] = {"uniform", "normal", "pareto", "paretonormal"};
 
-typedef struct { uint32_t id; int32_t stamp; uint64_t due; } held_t; /* stamp: slot, or -1 */
+/* stamp: slot, or -1; done: accepted out of arrival order (ORDER reorder), slot still in the ring */
+typedef struct { uint32_t id; int32_t stamp; uint64_t due; uint8_t done; } held_t;
 /* --stamp-probes: a held probe packet's copy, its length and where its release stamp goes */
 typedef struct { uint16_t len, at; unsigned char pkt[STAMP_MAX_BYTES]; } probe_copy_t;
 
@@ -107,6 +113,7 @@ typedef struct {
 typedef struct {
     struct nfq_q_handle *qh;
     int num, bad, cur; /* bad: Gilbert-Elliott state; cur: phase in force (-1: none yet) */
+    int reorder;       /* ORDER reorder: each packet leaves when due, passing others */
     char link[64], direction[8];
     phase_t *phases, *prev; /* prev: phases before a reload, kept if the reload repeats them */
     int n_phases, prev_n, prev_cur, prev_bad;
@@ -116,7 +123,7 @@ typedef struct {
     size_t cap;
     _Atomic size_t head, tail; /* head: taken by either releaser; tail: by the reader */
     probe_copy_t *probes;                  /* --stamp-probes: STAMP_SLOTS held probe packets */
-    _Atomic size_t probe_head, probe_tail; /* used in FIFO order, as the ring */
+    _Atomic size_t probe_head, probe_tail; /* taken in FIFO order, as the ring; freed in any */
     _Atomic unsigned long n_probe_stamped;
     unsigned long n_probe_unstamped;
     _Atomic int releasing;     /* a releaser holds the queue: from reading its run to the verdict */
@@ -198,10 +205,11 @@ static void log_phase(queue_t *q, const phase_t *ph, unsigned long generation) {
     fprintf(change_log,
             "{\"at\": %.6f, \"generation\": %lu, \"queue\": %d, \"link\": \"%s\", "
             "\"direction\": \"%s\", \"phase\": %d, \"delay_us\": %.3f, \"jitter_us\": %.3f, "
-            "\"jitter_dist\": \"%s\", \"p\": %.9g, \"r\": %.9g, \"1-h\": %.9g, \"1-k\": %.9g}\n",
+            "\"jitter_dist\": \"%s\", \"order\": \"%s\", \"p\": %.9g, \"r\": %.9g, "
+            "\"1-h\": %.9g, \"1-k\": %.9g}\n",
             clock_ns(CLOCK_REALTIME) / 1e9, generation, q->num, q->link, q->direction, q->cur,
-            ph->delay_ns / 1e3, ph->jitter_ns / 1e3, DIST_NAMES[ph->dist], ph->p, ph->r,
-            ph->one_minus_h, ph->one_minus_k);
+            ph->delay_ns / 1e3, ph->jitter_ns / 1e3, DIST_NAMES[ph->dist],
+            q->reorder ? "reorder" : "keep", ph->p, ph->r, ph->one_minus_h, ph->one_minus_k);
     fflush(change_log);
 }
 
@@ -330,12 +338,16 @@ static int32_t keep_probe(queue_t *q, struct nfq_data *nfa) {
     return (int32_t)tail;
 }
 
-/* Accept one held probe packet with its release time written in, and free its slot. */
+/* Accept one held probe packet with its release time written in, and free its slot (then the
+ * slots from the oldest on that are free, so one freed out of order waits for those before). */
 static void accept_stamped(queue_t *q, const held_t *h) {
     probe_copy_t *c = &q->probes[h->stamp];
     write_stamp(c->pkt, c->at, now_ns());
     nfq_set_verdict(q->qh, h->id, NF_ACCEPT, c->len, c->pkt);
-    atomic_store(&q->probe_head, ((size_t)h->stamp + 1) % STAMP_SLOTS);
+    c->len = 0;
+    size_t head = atomic_load(&q->probe_head), tail = atomic_load(&q->probe_tail);
+    while (head != tail && q->probes[head].len == 0) head = (head + 1) % STAMP_SLOTS;
+    atomic_store(&q->probe_head, head);
     q->n_probe_stamped++;
 }
 
@@ -362,37 +374,40 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     int64_t early = wake_late_ns < (int64_t)ph->delay_ns ? wake_late_ns : (int64_t)ph->delay_ns;
     int64_t due = (int64_t)at + (int64_t)ph->delay_ns - early + jitter(q, ph);
     if (due < (int64_t)at) due = (int64_t)at;
-    if ((uint64_t)due < q->last_due) due = (int64_t)q->last_due; /* FIFO: no reordering */
-    q->last_due = (uint64_t)due;
+    if (!q->reorder && (uint64_t)due < q->last_due) due = (int64_t)q->last_due; /* FIFO */
+    if ((uint64_t)due > q->last_due) q->last_due = (uint64_t)due;
     q->ring[tail].id = id;
+    q->ring[tail].done = 0;
     q->ring[tail].stamp = keep_probe(q, nfa);
     q->ring[tail].due = (uint64_t)due;
     atomic_store(&q->tail, next); /* publishes the slot to the releasers */
     return 0;
 }
 
-/* Accept the held packets of q due by `cutoff` (all if `all`) with one batch verdict (probe
- * packets to stamp each on their own, in order), for this thread's releaser. Returns 1 (and
- * does nothing) while the other releaser holds q.
- * Lateness counts to when the run is read (after the verdicts of the queues before it in this
- * pass). The run is read before head moves past it, since the main thread may refill its slots
- * as soon as it has. */
-static int release_queue(queue_t *q, int all, uint64_t cutoff) {
-    int idle = 0;
-    if (!atomic_compare_exchange_strong(&q->releasing, &idle, 1)) return 1;
-    uint64_t t = now_ns();
+/* The lateness of one packet released at `t`, added to a pass's sums. */
+static void note_late(uint64_t t, uint64_t due, uint64_t *sum, uint64_t *worst, unsigned long *late500) {
+    int64_t late = (int64_t)(t - due);
+    if (late < 0) late = 0;
+    *sum += (uint64_t)late;
+    if ((uint64_t)late > *worst) *worst = (uint64_t)late;
+    *late500 += late > 500000;
+}
+
+/* ORDER keep: accept the run of held packets from the head due by `cutoff` (all if `all`) with
+ * one batch verdict (probe packets to stamp each on their own, in order); entries accepted out
+ * of order before a reload to keep are passed over. Returns how many; *sum, *worst and
+ * *late500 get their lateness. */
+static unsigned long release_run(queue_t *q, int all, uint64_t cutoff, uint64_t t, uint64_t *sum,
+                                 uint64_t *worst, unsigned long *late500) {
     size_t head = atomic_load(&q->head), tail = atomic_load(&q->tail), end = head;
     uint32_t last = 0;
     int batch = 0; /* packets up to `last` wait for a batch verdict */
-    uint64_t sum = 0, worst = 0;
-    unsigned long n = 0, late500 = 0;
-    while (end != tail && (all || q->ring[end].due <= cutoff)) {
+    unsigned long n = 0;
+    while (end != tail && (all || q->ring[end].done || q->ring[end].due <= cutoff)) {
         const held_t *h = &q->ring[end];
-        int64_t late = (int64_t)(t - h->due);
-        if (late < 0) late = 0;
-        sum += (uint64_t)late;
-        if ((uint64_t)late > worst) worst = (uint64_t)late;
-        late500 += late > 500000;
+        end = (end + 1) % q->cap;
+        if (h->done) continue;
+        note_late(t, h->due, sum, worst, late500);
         if (h->stamp >= 0) {
             if (batch) nfq_set_verdict_batch(q->qh, last, NF_ACCEPT);
             accept_stamped(q, h);
@@ -402,13 +417,68 @@ static int release_queue(queue_t *q, int all, uint64_t cutoff) {
             batch = 1;
         }
         n++;
-        end = (end + 1) % q->cap;
     }
-    if (n > 0) {
+    if (end != head) {
         atomic_store(&q->head, end);
         if (batch) nfq_set_verdict_batch(q->qh, last, NF_ACCEPT);
-        q->n_out += n;
     }
+    return n;
+}
+
+/* ORDER reorder: accept every held packet due by `cutoff` (all if `all`), earliest due first,
+ * each with its own verdict, then move the head past the accepted ones at its front. */
+static unsigned long release_due(queue_t *q, int all, uint64_t cutoff, uint64_t t, uint64_t *sum,
+                                 uint64_t *worst, unsigned long *late500) {
+    size_t head = atomic_load(&q->head), tail = atomic_load(&q->tail), from = head;
+    unsigned long n = 0;
+    for (;;) {
+        size_t best = q->cap;
+        for (size_t i = from; i != tail; i = (i + 1) % q->cap) {
+            const held_t *h = &q->ring[i];
+            if (h->done || (!all && h->due > cutoff)) continue;
+            if (all) { best = from = i; break; } /* all: in arrival order, in one sweep */
+            if (best == q->cap || h->due < q->ring[best].due) best = i;
+        }
+        if (best == q->cap) break;
+        held_t *h = &q->ring[best];
+        note_late(t, h->due, sum, worst, late500);
+        if (h->stamp >= 0) accept_stamped(q, h);
+        else nfq_set_verdict(q->qh, h->id, NF_ACCEPT, 0, NULL);
+        h->done = 1;
+        n++;
+    }
+    while (head != tail && q->ring[head].done) head = (head + 1) % q->cap;
+    atomic_store(&q->head, head);
+    return n;
+}
+
+/* The earliest due of q's held packets (UINT64_MAX: none), for the releaser holding q. */
+static uint64_t earliest_due(queue_t *q) {
+    size_t head = atomic_load(&q->head), tail = atomic_load(&q->tail);
+    uint64_t best = UINT64_MAX;
+    for (size_t i = head; i != tail; i = (i + 1) % q->cap) {
+        if (q->ring[i].done) continue;
+        if (q->ring[i].due < best) best = q->ring[i].due;
+        if (!q->reorder) break; /* in order: the first held is the next due */
+    }
+    return best;
+}
+
+/* Accept the held packets of q due by `cutoff` (all if `all`), as q's ORDER says, for this
+ * thread's releaser, and set *next to the earliest due left. Returns 1 (and does nothing)
+ * while the other releaser holds q.
+ * Lateness counts to when the run is read (after the verdicts of the queues before it in this
+ * pass). The run is read before head moves past it, since the main thread may refill its slots
+ * as soon as it has. */
+static int release_queue(queue_t *q, int all, uint64_t cutoff, uint64_t *next) {
+    int idle = 0;
+    if (!atomic_compare_exchange_strong(&q->releasing, &idle, 1)) return 1;
+    uint64_t t = now_ns(), sum = 0, worst = 0;
+    unsigned long late500 = 0;
+    unsigned long n = (q->reorder ? release_due : release_run)(q, all, cutoff, t, &sum, &worst,
+                                                               &late500);
+    q->n_out += n;
+    *next = earliest_due(q);
     atomic_store(&q->releasing, 0);
     if (n == 0 || all) return 0;
     q->late_ns_sum += sum;
@@ -431,12 +501,12 @@ static uint64_t release(int all) {
     if (backup_only && !all) return next;
     for (int i = 0; i < n_queues; i++) {
         queue_t *q = queues[i];
-        if (release_queue(q, all, t)) { /* the backup is releasing it */
+        uint64_t due;
+        if (release_queue(q, all, t, &due)) { /* the backup is releasing it */
             if (t + BUSY_RETRY_NS < next) next = t + BUSY_RETRY_NS;
             continue;
         }
-        size_t head = atomic_load(&q->head);
-        if (head != atomic_load(&q->tail) && q->ring[head].due < next) next = q->ring[head].due;
+        if (due < next) next = due;
     }
     return next;
 }
@@ -473,13 +543,12 @@ static void *backup_releaser(void *arg) {
         read_waiting(buf, sizeof buf);
         for (int i = 0; i < n_queues; i++) {
             queue_t *q = queues[i];
-            if (release_queue(q, 0, t - BACKUP_GRACE_NS)) { /* the main thread is */
+            uint64_t due;
+            if (release_queue(q, 0, t - BACKUP_GRACE_NS, &due)) { /* the main thread is */
                 if (t + BUSY_RETRY_NS < next) next = t + BUSY_RETRY_NS;
                 continue;
             }
-            size_t head = atomic_load(&q->head);
-            if (head != atomic_load(&q->tail) && q->ring[head].due + BACKUP_GRACE_NS < next)
-                next = q->ring[head].due + BACKUP_GRACE_NS; /* a hint: the slot may be refilled */
+            if (due != UINT64_MAX && due + BACKUP_GRACE_NS < next) next = due + BACKUP_GRACE_NS;
         }
         pthread_mutex_unlock(&queues_lock);
         note_wake(t, now_ns());
@@ -550,8 +619,8 @@ static void flush_counts(queue_t *q) {
 
 static void drop_queue(int i) {
     queue_t *q = queues[i];
-    uint64_t t = now_ns();
-    release_queue(q, 1, t);
+    uint64_t t = now_ns(), next;
+    release_queue(q, 1, t, &next);
     flush_counts(q);
     nfq_destroy_queue(q->qh);
     free(q->ring);
@@ -598,11 +667,25 @@ static int parse_dist(const char *s) {
     return -1;
 }
 
+/* Write CONFIG.clocks: each queue's number, link, direction and the CLOCK_MONOTONIC ns its
+ * phases count from (whole, by a rename). */
+static void write_clocks(const char *path) {
+    char name[4096], tmp[4200];
+    snprintf(name, sizeof name, "%s.clocks", path);
+    snprintf(tmp, sizeof tmp, "%s.tmp", name);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    for (int i = 0; i < n_queues; i++)
+        fprintf(f, "%d %s %s %llu\n", queues[i]->num, queues[i]->link, queues[i]->direction,
+                (unsigned long long)queues[i]->t0);
+    if (fclose(f) == 0) rename(tmp, name);
+}
+
 /* Read CONFIG: bind new queues, replace every queue's phases, unbind queues not named. */
 static int load_config(const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) { fprintf(stderr, "tb-holder: cannot open %s: %s\n", path, strerror(errno)); return -1; }
-    char line[512], link[64], dir[8], dist[16];
+    char line[512], link[64], dir[8], dist[16], order[16];
     int named[MAX_QUEUES], n_named = 0, num, rc = 0;
     unsigned long limit;
     unsigned long long qseed;
@@ -611,7 +694,14 @@ static int load_config(const char *path) {
     uint64_t t0 = now_ns();
     while (fgets(line, sizeof line, f)) {
         if (sscanf(line, "generation %lu", &generation) == 1) continue;
-        if (sscanf(line, "queue %d %lu %llu %63s %7s", &num, &limit, &qseed, link, dir) == 5) {
+        int words = sscanf(line, "queue %d %lu %llu %63s %7s %15s", &num, &limit, &qseed, link,
+                           dir, order);
+        if (words >= 5) {
+            if (words == 6 && strcmp(order, "keep") && strcmp(order, "reorder")) {
+                fprintf(stderr, "tb-holder: bad order (keep or reorder): %s", line);
+                rc = -1;
+                break;
+            }
             queue_t *q = find_queue(num);
             if (!q) {
                 if (n_queues >= MAX_QUEUES) { rc = -1; break; }
@@ -639,6 +729,7 @@ static int load_config(const char *path) {
             }
             snprintf(q->link, sizeof q->link, "%s", link);
             snprintf(q->direction, sizeof q->direction, "%s", dir);
+            q->reorder = words == 6 && !strcmp(order, "reorder");
             free(q->prev);
             q->prev = q->phases;
             q->prev_n = q->n_phases;
@@ -676,6 +767,7 @@ static int load_config(const char *path) {
         if (!keep || queues[i]->n_phases == 0) drop_queue(i);
     }
     advance_phases(now_ns());
+    write_clocks(path);
     char ack[4096];
     snprintf(ack, sizeof ack, "%s.ack", path);
     FILE *a = fopen(ack, "w");

@@ -11,7 +11,9 @@ namespace here, of a middlebox over SSH, and of each host of a lab impaired on i
 - `release_counts()`: per queue and config generation, what the holder released and how late its
   own timers let it release (its log: each reload writes the counts of the generation it
   replaces, the stop those of the last), for the holder last started;
-- `held_up()`: per generation, the spells in which neither of its releasers ran (the same log).
+- `held_up()`: per generation, the spells in which neither of its releasers ran (the same log);
+- `clocks()`: per link and direction, when (CLOCK_MONOTONIC ns on its machine) the phases of
+  its profile began to count, as the holder wrote them after its last load.
 """
 
 from __future__ import annotations
@@ -169,6 +171,17 @@ def parse_release_counts(log: str) -> list[ReleaseCounts]:
     return out
 
 
+def parse_clocks(text: str) -> dict[str, dict[str, int]]:
+    """The holder's clocks file ("QNUM LINK DIRECTION T0_NS" a line) as link -> direction ->
+    ns; lines of another shape are skipped."""
+    out: dict[str, dict[str, int]] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 4 and words[3].isdigit():
+            out.setdefault(words[1], {})[words[2]] = int(words[3])
+    return out
+
+
 class HolderProcess:
     """One holder: its binary (None: this machine's build), `--tag`, folder and namespace on
     the runner's machine, and its own `flags` (e.g. `--stamp-probes`)."""
@@ -187,6 +200,7 @@ class HolderProcess:
         self.dir = PurePosixPath(folder)
         self.config, self.pid_file = self.dir / CONFIG_FILE, self.dir / "holder.pid"
         self.ack, self.out = self.dir / f"{CONFIG_FILE}.ack", self.dir / "holder.out"
+        self.clock_file = self.dir / f"{CONFIG_FILE}.clocks"
         self.log, self.changes = self.dir / "holder.log", self.dir / CHANGES_FILE
         self.poll_s = POLL_REMOTE_S if runner.remote else POLL_LOCAL_S
 
@@ -290,6 +304,12 @@ class HolderProcess:
         """Per generation, the spells in which neither releaser of the holder last started
         ran (written with the release counts)."""
         return parse_held_up(self._read(self.log))
+
+    def clocks(self) -> dict[str, dict[str, int]]:
+        """Link label -> direction -> the CLOCK_MONOTONIC ns (on the holder's machine) its
+        phases count from, as the holder last loaded them; empty from a holder that does not
+        write them."""
+        return parse_clocks(self._read(self.clock_file))
 
     def link_changes(self) -> list[dict[str, Any]]:
         """Every profile change the holder applied (one dict per link direction and phase,

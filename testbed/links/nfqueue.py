@@ -97,7 +97,9 @@ def _queue_lines(
         for direction, queue in zip(("up", "down"), queue_numbers(index, path), strict=True):
             if only is not None and queue not in only:
                 continue
-            lines.append(f"queue {queue} {prof.queue_limit} {seed} {label} {direction}")
+            lines.append(
+                f"queue {queue} {prof.queue_limit} {seed} {label} {direction} {prof.order}"
+            )
             for ph in phases:
                 ge = ph.profile.gilbert_elliott(direction)  # type: ignore[arg-type]
                 lines.append(
@@ -252,6 +254,8 @@ class NfqueueBackend:
             state["holder"] = "c"
             state["holder_generation"] = generation
             state["holder_pid"] = holder.load(config)
+            if not r.remote:  # the probe's clock: the holder's only where it runs here too
+                state["clocks"] = holder.clocks()
         else:
             self._flush(sw)
             self._stop_holder(lab)

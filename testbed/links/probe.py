@@ -3,6 +3,9 @@
 A UDP echo responder runs in the server's namespace and a sender in the device's (both
 `agents.link_probe`, started with `ip netns exec`), so the probe crosses exactly the path the agents
 use. Forward loss is counted at the responder, reverse loss from the echoes that came back.
+Each probe is fitted to the model of the link it crossed (`testbed.links.expect`): per packet,
+the profile in force when it was sent, and the RTTs that profile gives under the holder's
+ordering policy, side by side with the measured ones.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import math
 import select
 import subprocess
 import sys
+import time
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,12 +28,15 @@ from testbed.labs.backup import backup_site, load_plan
 from testbed.labs.interface import LinkSite
 from testbed.labs.setup import LabHost
 from testbed.labs.system import SystemRunner
+from testbed.links.expect import LinkClock, LinkFit, fit_probe, send_times
 from testbed.topo.profile import LOSS_SEMANTICS, LinkProfile
+from testbed.topo.topology import PathKind
 
 PROBE = [sys.executable, "-m", "agents.link_probe"]  # the sender and responder, on a lab host
 BASE_PORT = 47000
 UDP_IP_ETH_BYTES = 8 + 20 + 14  # headers a datagram carries on the wire past its payload
 PROBE_RT_PRIO = 10  # below the holder's: the probe measures the link, not the CPU queue
+DEFAULT_INTERVAL_MS = 10.0
 
 
 class RttStats(BaseModel):
@@ -74,6 +81,7 @@ class ProbeResult(BaseModel):
     # receive times would have added to its RTT (ms)
     rx_user_space: int | None = None
     rx_wake_ms_p50: float | None = None
+    fit: LinkFit | None = None  # expected beside measured, packet by packet (None: no request)
 
     @property
     def timed_in_user_space(self) -> bool:
@@ -103,6 +111,7 @@ class ProbeResult(BaseModel):
                 "rx_wake_ms_p50": None
                 if self.rx_wake_ms_p50 is None
                 else self.rx_wake_ms_p50 * scale,
+                "fit": None if self.fit is None else self.fit.scaled(scale),
             }
         )
 
@@ -131,14 +140,24 @@ def summarize(
     warmup_s: float = 0.0,
     rx_user_space: int | None = None,
     rx_wake_ms: list[float] | None = None,
+    sent_ns: dict[int, int] | None = None,
+    echo_sent_ns: dict[int, int] | None = None,
+    clock: LinkClock | None = None,
+    interval_ms: float = 10.0,
 ) -> ProbeResult:
-    """Turn raw probe output into figures (separate from running it, so it is testable);
-    `rx_user_space`, `rx_wake_ms`: see RawProbe."""
+    """Turn raw probe output into figures (separate from running it, so it is testable), fitted
+    to `requested` (`sent_ns`, `echo_sent_ns`, `clock`, `interval_ms`: see `fit_probe`); each
+    RTT's error is against the RTT asked for when its packet was sent; `rx_user_space`,
+    `rx_wake_ms`: see RawProbe."""
     fwd = len(set(at_server))
     back = len(rtts)
     values = list(rtts.values())
     rtt = None
     err = None
+    fit = None
+    if requested is not None:
+        fit = fit_probe(requested, sent, at_server, rtts, sent_ns, echo_sent_ns, clock,
+                        interval_ms)  # fmt: skip
     if values:
         rtt = RttStats(
             n=len(values),
@@ -148,17 +167,19 @@ def summarize(
             min=min(values),
             max=max(values),
         )
-        if requested is not None:
-            errors = [abs(v - requested.rtt_ms) for v in values]
+        if requested is not None and fit is not None:
+            asked = [fit.rtt_in_force_ms.get(seq, requested.rtt_ms) for seq in rtts]
+            signed = [v - a for v, a in zip(values, asked, strict=True)]
+            errors = [abs(e) for e in signed]
             err = {
                 "median": stats.percentile(errors, 50),
                 "p99": stats.percentile(errors, 99),
                 "mean": sum(errors) / len(errors),
-                "mean_signed": sum(values) / len(values) - requested.rtt_ms,
+                "mean_signed": sum(signed) / len(signed),
             }
-    up = requested.up_loss if requested else None
-    down = requested.down_loss if requested else None
-    rt = requested.round_trip_loss if requested else None
+    up = fit.loss_up_expected if fit else None
+    down = fit.loss_down_expected if fit else None
+    rt = 1 - (1 - up) * (1 - down) if up is not None and down is not None else None
     return ProbeResult(
         device=device,
         requested=requested,
@@ -173,6 +194,7 @@ def summarize(
         warmup_s=warmup_s,
         rx_user_space=rx_user_space,
         rx_wake_ms_p50=stats.percentile(rx_wake_ms, 50) if rx_wake_ms else None,
+        fit=fit,
     )
 
 
@@ -183,6 +205,29 @@ def _requested(lab: LinkSite, device: str) -> LinkProfile:
     if imp is None:
         return LinkProfile()
     return imp.profiles.get(device, LinkProfile())
+
+
+def link_clock(
+    lab: LinkSite, device: str, raw: RawProbe, interval_ms: float, path: PathKind = "primary"
+) -> LinkClock | None:
+    """When `device`'s link on `path` began its phases, on the probe's clock: as the holder
+    wrote it where the holder runs on this machine, else estimated from when the impairment
+    was applied and the probe began by the controller's clock; None when nothing is applied."""
+    from testbed.links.api import current
+    from testbed.links.nfqueue import link_label
+
+    imp = current(lab)
+    if imp is None:
+        return None
+    own = (imp.backend_state.get("clocks") or {}).get(link_label(device, path))
+    if own and "up" in own and "down" in own:
+        return LinkClock(int(own["up"]), int(own["down"]))
+    times = send_times(raw.sent, raw.sent_ns, interval_ms)
+    if times is None or not imp.applied_at or not raw.launched_at:
+        return None
+    after_s = raw.launched_at + raw.warmup_s - imp.applied_at  # first packet, after apply
+    t0 = int(times[0] - after_s * 1e9)
+    return LinkClock(t0, t0, "estimated")
 
 
 def held_after_kernel_stamp(lab: LinkSite) -> bool:
@@ -219,6 +264,7 @@ class RawProbe(BaseModel):
     # much later user space read it than the holder released it, summed over the ends (ms)
     rx_user_space: int | None = None
     rx_wake_ms: list[float] = []
+    launched_at: float = 0.0  # wall clock (s, the controller's) when the sender was started
 
     @property
     def echo_mbit_s(self) -> float | None:
@@ -227,17 +273,27 @@ class RawProbe(BaseModel):
 
 
 def probe_link(
-    lab: LinkSite, device: str | LabHost, requested: LinkProfile | None = None, **how: Any
+    lab: LinkSite,
+    device: str | LabHost,
+    requested: LinkProfile | None = None,
+    path: PathKind = "primary",
+    state: LinkSite | None = None,
+    **how: Any,
 ) -> ProbeResult:
-    """Probe one device's link to the server; `requested` defaults to what is applied now.
+    """Probe one device's link to the server on `path` (`lab` is that path's site; `state`,
+    default `lab`, the lab whose impairment holds the link's clock), fitted to `requested`
+    (default: what is applied now).
 
-    `how`: the keyword arguments of `probe_packets` (count, interval_ms, size, runner).
+    `how`: the keyword arguments of `probe_packets` (count, interval_ms, size, runner, ...).
     """
     dev = device if isinstance(device, LabHost) else lab.host(device)
     requested = requested if requested is not None else _requested(lab, dev.name)
     raw = probe_packets(lab, dev, requested, **how)
+    interval = float(how.get("interval_ms", DEFAULT_INTERVAL_MS))
+    clock = link_clock(state or lab, dev.name, raw, interval, path)
     return summarize(dev.name, requested, raw.sent, raw.at_server, raw.rtt_ms, raw.warmup_s,
-                     raw.rx_user_space, raw.rx_wake_ms)  # fmt: skip
+                     raw.rx_user_space, raw.rx_wake_ms, raw.sent_ns, raw.echo_sent_ns, clock,
+                     interval)  # fmt: skip
 
 
 def send_budget_s(
@@ -302,6 +358,7 @@ def probe_packets(
         if not ready or echo.stdout.readline().strip() != b"ready":
             raise ImpairmentError(f"probe responder did not start on {lab.server.name}")
         budget = send_budget_s(requested, count, interval_ms, size, linger)
+        launched = time.time()
         res = runner.run(send_argv, netns=dev.netns, timeout=budget, error=ImpairmentError)
     finally:
         echo.terminate()
@@ -337,6 +394,7 @@ def probe_packets(
             echo_sent_ns=echo_sent,
             rx_user_space=len((user_at_server | user_back) & rtts.keys()) if after_hold else None,
             rx_wake_ms=[v + wake_at_server[s] for s, v in wake_back.items() if s in wake_at_server],
+            launched_at=launched,
         )
     except (ValueError, KeyError, AttributeError, TypeError) as exc:  # pydantic's is a ValueError
         raise ImpairmentError(
@@ -354,14 +412,17 @@ def probe_links(
     parallel: int = 4,
     via: str | None = None,
     after_hold: bool | None = None,
+    path: PathKind = "primary",
+    state: LinkSite | None = None,
 ) -> dict[str, ProbeResult]:
-    """Probe several device links (default: all), `parallel` at a time (`via`, `after_hold`:
-    see `probe_packets`)."""
+    """Probe several device links (default: all) on `path`, `parallel` at a time (`via`,
+    `after_hold`: see `probe_packets`; `path`, `state`: see `probe_link`)."""
     targets = [d if isinstance(d, LabHost) else lab.host(d) for d in (devices or lab.devices)]
     if after_hold is None:  # once for all links, not once a link
         after_hold = held_after_kernel_stamp(lab)
     how = {"count": count, "interval_ms": interval_ms, "via": via, "after_hold": after_hold}
-    probed = fan_out(lambda d: probe_link(lab, d, requested, **how), targets, max_workers=parallel)
+    probed = fan_out(lambda d: probe_link(lab, d, requested, path, state, **how), targets,
+                     max_workers=parallel)  # fmt: skip
     return dict(raise_failures("probing the links", probed))
 
 
@@ -418,6 +479,8 @@ def probe_backup(
                 interval_ms=interval_ms,
                 via=via,
                 after_hold=after_hold,
+                path="backup",
+                state=lab,
             )  # fmt: skip
         )
     return {d: results[d] for d in requested}

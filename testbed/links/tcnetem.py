@@ -4,9 +4,13 @@ Each device <-> server flow, on the primary and (where the lab has one) the back
 an HTB class on a bridge port in the bridge namespace (see `shaper`) with a netem leaf: delay
 rtt/2, jitter with its distribution, loss per direction (random or Gilbert-Elliott `gemodel`),
 queue limit. Only device <-> server traffic is classified there, so controller traffic stays
-unimpaired, as with `nfqueue`. Differences from the holder: netem cannot be seeded, it
-reorders packets when jitter exceeds their spacing, and it has no schedules, so a profile with
-a schedule or trace is refused here (use the nfqueue backend).
+unimpaired, as with `nfqueue`. Ordering: netem lets jittered packets pass each other (`order:
+reorder`); for `order: keep` the leaf also gets `rate 10gbit`, with which netem times each
+packet from the later of its own delay and its predecessor's release (sch_netem's
+netem_enqueue), as the holder keeps order, at a rate that limits nothing here (a 1,500-byte
+packet takes 1.2 us). Differences from the holder: netem cannot be seeded, its normal, pareto and
+paretonormal jitter come from its own tables, and it has no schedules, so a profile with a
+schedule or trace is refused here (use the nfqueue backend).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from testbed.labs.system import SystemRunner
 from testbed.links import shaper
 from testbed.links.paths import htb_plan, impaired_paths
 from testbed.topo.profile import GilbertElliott, LinkProfile
+
+KEEP_ORDER_RATE = "10gbit"  # netem keeps order when given a rate; this one limits nothing
 
 
 def _pct(fraction: float) -> str:
@@ -33,6 +39,8 @@ def netem_args(profile: LinkProfile, direction: str) -> list[str]:
             args += [f"{profile.jitter_ms:g}ms"]
             if profile.jitter_dist != "uniform":
                 args += ["distribution", profile.jitter_dist]
+            if profile.order == "keep":
+                args += ["rate", KEEP_ORDER_RATE]
     loss = profile.loss_model(direction)  # type: ignore[arg-type]
     if isinstance(loss, GilbertElliott):
         args += ["loss", "gemodel", _pct(loss.p), _pct(loss.r)]

@@ -1,9 +1,13 @@
 """Summaries of link probes and the guard that refuses a link that does not measure as asked.
 
-The guard catches an impairment that silently failed (no delay, no loss, everything lost),
-not statistical noise: the median RTT must be within the playbook's tolerance of the request
-(`ImpairmentSection.rtt_tolerance`: wider where the probe timed echoes in user space), and each
-direction's loss within four binomial standard deviations of it (at least 2 points). A link
+The guard catches an impairment that silently failed (no delay, no jitter, no loss, everything
+lost, a schedule not followed), not statistical noise. It judges each probe packet against the
+profile in force when it was sent (a schedule step, a trace row) through the holder's own model
+(`testbed.links.expect`): the measured median RTT, and for a jittered link p10 and p90, must
+lie where the model puts them for the probe's number of echoes, widened by the playbook's
+timing allowance (`ImpairmentSection.rtt_tolerance`: wider where the probe timed echoes in
+user space); each direction's loss within four binomial standard deviations of the loss its
+packets met (at least 2 points). A link
 that fails is probed again (`impairment.probe_retries` times) before the condition fails: a
 probe lasts about a second, and a stall of the machine meanwhile (a paused VM, a busy CPU
 delaying a probe that times its echoes in user space) moves its median, where a broken
@@ -33,25 +37,17 @@ def loss_guard_ok(fig: LossFigure) -> bool:
     return abs(fig.rate - p) <= band
 
 
-def check_links(
-    probes: dict[str, ProbeResult], profiles: dict[str, LinkProfile], tolerance_ms: float
-) -> None:
-    """Raise ImpairmentError naming each device link that does not measure as its profile
-    (median RTT within `tolerance_ms`, loss within the band above)."""
+def check_links(probes: dict[str, ProbeResult], tolerance_ms: float) -> None:
+    """Raise ImpairmentError naming each device link that does not measure as the profile it
+    was probed against (`ProbeResult.fit`: RTT quantiles where the model puts them,
+    `tolerance_ms` of timing allowed; loss within the band above)."""
     problems = []
     for dev, r in probes.items():
-        want = profiles[dev]
-        if want.round_trip_loss < 1 and r.rtt_ms is not None:
-            err = r.rtt_ms.p50 - want.rtt_ms
-            if abs(err) > tolerance_ms:
-                problems.append(
-                    f"{dev}: median RTT {r.rtt_ms.p50:.2f} ms, requested {want.rtt_ms} ms "
-                    f"(tolerance {tolerance_ms} ms)"
-                )
-        elif want.round_trip_loss < 1:
-            problems.append(
-                f"{dev}: no probe came back at requested round-trip loss {want.round_trip_loss}"
-            )
+        asked = r.loss_round_trip.requested
+        if r.rtt_ms is not None and r.fit is not None:
+            problems += [f"{dev}: {p}" for p in r.fit.rtt_problems(tolerance_ms)]
+        elif r.rtt_ms is None and asked is not None and asked < 1:
+            problems.append(f"{dev}: no probe came back at expected round-trip loss {asked:.3g}")
         for name, fig in (("up", r.loss_up), ("down", r.loss_down)):
             if not loss_guard_ok(fig):
                 problems.append(
@@ -75,9 +71,11 @@ def summarize_links(probes: dict[str, ProbeResult]) -> dict[str, Any]:
         return sum(f.lost for f in figs) / total if total else None
 
     rtts = [r.rtt_ms.p50 for r in probes.values() if r.rtt_ms is not None]
+    expected = [r.fit.expected.p50 for r in probes.values() if r.fit and r.fit.expected]
     p99 = [r.rtt_error_ms["p99"] for r in probes.values() if r.rtt_error_ms]
     up, down = pooled("loss_up"), pooled("loss_down")
     return {
+        "rtt_expected_ms": statistics.median(expected) if expected else None,
         "rtt_measured_ms": statistics.median(rtts) if rtts else None,
         "rtt_error_p99_ms": max(p99) if p99 else None,
         "loss_up_measured": up,
@@ -117,7 +115,7 @@ def probe_checked(
         record["probes"] = {d: r.model_dump(mode="json") for d, r in shown.items()}
         save()
         try:
-            check_links(probes, profiles, tolerance)
+            check_links(probes, tolerance)
             return
         except ImpairmentError as exc:
             if attempt == knobs.probe_retries:

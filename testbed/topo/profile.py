@@ -2,9 +2,15 @@
 
 Delay: `rtt_ms` is the round-trip delay, split evenly (rtt_ms / 2 each way). Jitter:
 `jitter_ms` is the spread added to each direction's delay, drawn from `jitter_dist` (netem's
-names: uniform is netem's default, [-j, +j]; normal, pareto and paretonormal have sigma j);
-packets are never reordered. Loss per direction (up = device -> server): a number is random
-loss (netem `loss random P`); a mapping is Gilbert-Elliott (netem `loss gemodel p r 1-h 1-k`).
+names: uniform is netem's default, [-j, +j]; normal, pareto and paretonormal have sigma j; a
+delay is never below 0). `order` says what jitter may do to the order of packets: `keep` (the
+default) releases each packet no earlier than the one before it, as one FIFO link does, so a
+packet whose jitter would take it past its predecessor waits for it and the realized delays
+shift upward where jitter exceeds the spacing of packets; `reorder` releases each when its own
+delay says, so packets pass each other and the delays are the drawn ones (netem's default).
+`testbed.links.model` is this model in numbers. Loss per direction (up = device -> server): a
+number is random loss (netem `loss random P`); a mapping is Gilbert-Elliott (netem `loss
+gemodel p r 1-h 1-k`).
 `queue_limit` is the most packets held per direction (netem `limit`). A `schedule` (steps) or a
 `trace` (CSV of delay and loss over time) changes the profile while it runs; times count from
 when the profile is applied.
@@ -28,6 +34,7 @@ LOSS_SEMANTICS = (
     "a round trip survives with (1 - loss_up) * (1 - loss_down)"
 )
 JitterDist = Literal["uniform", "normal", "pareto", "paretonormal"]
+Order = Literal["keep", "reorder"]
 DEFAULT_QUEUE_LIMIT = 100_000
 
 
@@ -117,6 +124,10 @@ class LinkProfile(Strict):
     rtt_ms: float = Field(0.0, ge=0, le=60_000, description="round-trip delay, split evenly")
     jitter_ms: float = Field(0.0, ge=0)
     jitter_dist: JitterDist = "uniform"
+    order: Order = Field(
+        "keep",
+        description="keep: no packet passes another; reorder: each leaves when its own delay says",
+    )
     loss: Loss = 0.0
     loss_up: Loss | None = None
     loss_down: Loss | None = None
