@@ -1,7 +1,8 @@
 """UDP link probe, run inside the lab's namespaces or on a lab's hosts.
 
-    python -m agents.link_probe echo --bind IP --port P [--tag T] [--rt-prio N]
-        Echo every datagram back. Prints "ready" once bound; on SIGTERM prints a JSON line
+    python -m agents.link_probe echo --bind IP --port P [--tag T] [--rt-prio N] [--stop-on-eof]
+        Echo every datagram back. Prints "ready" once bound; on SIGTERM (or, with
+        --stop-on-eof, at the end of its input: how a caller over SSH stops it) prints a JSON line
         with the measurement sequence numbers it received, in arrival order ("received"), and
         per sequence number how long its echo took to leave after the turnaround was taken
         ("send_lag_ns": to the kernel's transmit timestamp) and when it left ("sent_ns": that
@@ -54,6 +55,7 @@ import struct
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 
 def set_realtime(prio: int) -> None:
@@ -112,9 +114,12 @@ def echo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_term)
     print("ready", flush=True)
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    watched: list[Any] = [sock, sys.stdin] if args.stop_on_eof else [sock]
     while not stop:
-        ready, _, _ = select.select([sock], [], [], 0.2)
-        if not ready:
+        ready, _, _ = select.select(watched, [], [], 0.2)
+        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 4096):
+            break  # end of input
+        if sock not in ready:
             continue
         try:  # select also wakes for a transmit stamp (a late one: a rate limit queued the echo)
             data, anc, _, addr = sock.recvmsg(65536, 256, socket.MSG_DONTWAIT)
@@ -327,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--port", type=int, required=True)
     e.add_argument("--tag", default="")
     e.add_argument("--rt-prio", type=int, default=0)
+    e.add_argument("--stop-on-eof", action="store_true", help="end at the end of stdin")
     s = sub.add_parser("send")
     s.add_argument("--dst", required=True)
     s.add_argument("--port", type=int, required=True)

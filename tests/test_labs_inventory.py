@@ -106,13 +106,33 @@ def test_inventory_without_middlebox_needs_each_hosts_link_interface(tmp_path):
 
 
 def test_inventory_without_hosts_of_the_topology_is_refused(tmp_path):
+    """Checked before any host is contacted: the inventory has no device of the class."""
     server = InventoryHost(name="server", role="server", address="h", user="u", workdir="/w",
-                           vars={"middlebox_port": "e0"})  # fmt: skip
+                           host_class="a100", vars={"middlebox_port": "e0"})  # fmt: skip
+    jetson = InventoryHost(name="jetson-1", role="device", address="j", user="u", workdir="/w",
+                           host_class="jetson-orin-nano",
+                           vars={"middlebox_port": "e1"})  # fmt: skip
     path = tmp_path / "inv.yml"
     mb = InventoryHost(name="mb", role="middlebox", workdir="/tmp", **LOCAL)
-    path.write_text(yaml.safe_dump(inventory_document([server, mb], {})))
-    with pytest.raises(BadInputError, match=r"needs host\(s\) \['dev1', 'dev2'\]"):
+    path.write_text(yaml.safe_dump(inventory_document([server, jetson, mb], {})))
+    with pytest.raises(
+        BadInputError,
+        match=r"topology star needs 2 device\(s\) of class pi5 \(group drafters, host_class: "
+        r"pi5\); the inventory's drafters: jetson-1 \(host_class jetson-orin-nano\)",
+    ):
         InventoryLab.up(LabSetup(name="x", topology=Topology.star(2), inventory=path))
+
+
+def test_two_hosts_on_one_middlebox_port_are_refused(tmp_path):
+    ns = planned_namespace_lab(tmp_path, Topology.star(2))
+    hosts = [h.model_copy(update={"vars": {"middlebox_port": "wlan0"}})
+             for h in ns.inventory_hosts()]  # fmt: skip
+    mb = InventoryHost(name="mb", role="middlebox", workdir="/tmp", **LOCAL)
+    path = tmp_path / "inv.yml"
+    path.write_text(yaml.safe_dump(inventory_document([*hosts, mb], {})))
+    with pytest.raises(BadInputError, match=r"hosts 'server' and 'dev1': middlebox_port: both "
+                       r"'wlan0'; expected one middlebox port per host"):  # fmt: skip
+        InventoryLab.up(LabSetup(name="x", topology=ns.topology, inventory=path))
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +174,8 @@ def test_physical_path_impairs_and_measures_the_namespace_hosts(namespace_hosts,
     assert lab.without_facts == ["server", "dev1", "dev2"]
     assert [m for m in said if "facts" in m] == [
         f"from the site playbook's facts: mb holder_path {built}",
-        "no site playbook facts on server, dev1, dev2 (facts/models.json, facts/netem.json): "
+        "no site playbook facts on server, dev1, dev2 (facts/models.json, facts/netem.json, "
+        "facts/host.json): "
         "their inventory variables are used as is",
     ]
     try:
@@ -228,9 +249,9 @@ def test_without_a_middlebox_each_host_impairs_its_own_links(tmp_path):
     setup = LabSetup(name="adryh", topology=ns.topology, inventory=inv, state_dir=tmp_path / "p")
     lab = InventoryLab.up(setup, runner=SystemRunner(dry_run=True, echo=printed.append))
     assert lab.impaired_on_hosts and lab.describe()["impaired_on"] == "hosts"
-    # the site playbook's facts: the reads printed, nothing contacted or taken
+    # the site playbook's facts (models, netem, host): reads printed, nothing contacted
     reads = [line for line in printed if "/facts/" in line]
-    assert len(reads) == 6 and all(line.startswith("[dry-run] ssh root@") for line in reads)
+    assert len(reads) == 9 and all(line.startswith("[dry-run] ssh root@") for line in reads)
     assert lab.from_facts == {} and lab.without_facts == []
     server, dev1, dev2 = (f"root@{lab.host(n).ip}" for n in ("server", "dev1", "dev2"))
     apply(lab, LinkProfile(rtt_ms=85, loss=0.1), backend="nfqueue")

@@ -14,9 +14,13 @@ Groups with a meaning to the testbed (any nesting below them is fine):
 Per host, after Ansible's variable precedence: `ansible_user` and `workdir` are required;
 `ansible_host` (the host name), `ansible_port` (22), `ansible_ssh_private_key_file`,
 `ansible_python_interpreter` (python3), `host_class` (e.g. pi5), `netns` (emulated labs) are
-optional; everything else lands in `InventoryHost.vars`. A relative key path is taken relative
-to the inventory file's folder. Vault passwords come from `vault_password_file` or, as for
-Ansible, `$ANSIBLE_VAULT_PASSWORD_FILE`.
+optional; everything else lands in `InventoryHost.vars`. Two of those the harness reads too:
+`link_ip`, the host's address on the device <-> server link where that is not `ansible_host`
+(hosts managed over a wired LAN and linked over Wi-Fi, or through a middlebox on another
+segment), and `testbed_agent_python`, the Python the agents run with (the site playbook's
+venv, read from the host's facts; default `ansible_python_interpreter`). A relative key path
+is taken relative to the inventory file's folder. Vault passwords come from
+`vault_password_file` or, as for Ansible, `$ANSIBLE_VAULT_PASSWORD_FILE`.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ ROLE_GROUPS: dict[str, Role] = {
 }
 """Inventory group -> the role its hosts play (a host may be in only one of them)."""
 GROUP_OF: dict[Role, str] = {role: group for group, role in ROLE_GROUPS.items()}
+LINK_IP_VAR = "link_ip"
+AGENT_PYTHON_VAR = "testbed_agent_python"
 
 
 class InventoryHost(BaseModel):
@@ -59,6 +65,16 @@ class InventoryHost(BaseModel):
     netns: str | None = None
     host_class: str | None = None
     vars: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def link_address(self) -> str:
+        """Its address on the device <-> server link: `link_ip`, else its address."""
+        return str(self.vars.get(LINK_IP_VAR) or self.address)
+
+    @property
+    def agent_python(self) -> str:
+        """The Python its agents run with: `testbed_agent_python`, else its `python`."""
+        return str(self.vars.get(AGENT_PYTHON_VAR) or self.python)
 
 
 class Inventory(BaseModel):

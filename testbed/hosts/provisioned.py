@@ -2,7 +2,8 @@
 
 The Ansible roles write `<workdir>/facts/*.json` on every host they provision:
 
-    host.json     host, role, class, address, Python, architecture, kernel
+    host.json     host, role, class, address, Python, the agents' Python
+                  ("testbed_agent_python": the venv the role made), architecture, kernel
     netem.json    {"sch_netem": bool, "ifb": bool, "backend": "tc-netem" | "userspace"}, and
                   where the role built the packet holder (no sch_netem, or
                   `netem_build_holder: always`) "holder_path": path, "holder_source_sha256"
@@ -11,8 +12,9 @@ The Ansible roles write `<workdir>/facts/*.json` on every host they provision:
 A run on lab kind `inventory` reads these itself: `InventoryLab.up` (testbed.labs.physical)
 calls `with_provisioned_facts` for the lab's hosts, which turns models.json and netem.json
 into the host variables the lab and the runner read (`draft_model`, `target_model`,
-`holder_path`), so the agents start on the files Ansible placed and verified, and each host
-runs the holder built there, rather than paths on the controller. The inventory needs no
+`holder_path`, `testbed_agent_python`), so the agents start on the files Ansible placed and
+verified, with the Python it installed them in, and each host runs the holder built there,
+rather than paths on the controller. The inventory needs no
 rewriting; a variable it sets itself wins over the facts (an engineer who writes a path means
 it). The reading is lenient about hosts the playbook did not provision (no facts file: their
 variables stay as they are, and the lab says which) and strict about what it finds: a file
@@ -30,13 +32,13 @@ from typing import Any
 from testbed.core.errors import AgentError
 from testbed.core.fanout import GroupResult, fan_out, raise_failures
 from testbed.hosts.control import HostControl, remote_path
-from testbed.hosts.inventory import Inventory, InventoryHost
+from testbed.hosts.inventory import AGENT_PYTHON_VAR, Inventory, InventoryHost
 
 FACTS_DIR = "facts"
 MODEL_KEYS = ("draft_model", "target_model")
 HOLDER_VAR = "holder_path"
 """The packet holder's path on a host: its inventory variable and its key in netem.json."""
-FACT_VARS = {"models": MODEL_KEYS, "netem": (HOLDER_VAR,)}
+FACT_VARS = {"models": MODEL_KEYS, "netem": (HOLDER_VAR,), "host": (AGENT_PYTHON_VAR,)}
 """Facts file (facts/NAME.json) -> the keys in it that become host variables (paths)."""
 NO_FILE = 66
 """Exit status of the read where the facts file is not there."""

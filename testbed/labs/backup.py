@@ -212,6 +212,12 @@ class _BackupSite:
     def host(self, name: str) -> LabHost:
         return self._backup(self._lab.host(name))
 
+    def host_runner(self, name: str) -> SystemRunner:
+        return self._lab.host_runner(name)
+
+    def agent_python(self, name: str) -> str:
+        return self._lab.agent_python(name)
+
 
 def backup_site(lab: LinkSite, plan: BackupPlan | None = None) -> LinkSite:
     """The lab's backup links as a `LinkSite` (LabError if the lab has no backup path)."""

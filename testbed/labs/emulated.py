@@ -11,6 +11,7 @@ working directory under the lab's state dir.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import sys
 import time
@@ -228,6 +229,14 @@ class EmulatedLab:
             if h.name == name:
                 return h
         raise LabError(f"lab {self.name} has no host {name!r}")
+
+    def host_runner(self, name: str) -> SystemRunner:
+        """Runs commands in host `name`'s namespace (recorded with the lab's own)."""
+        return dataclasses.replace(self.runner, netns=self.host(name).netns)
+
+    def agent_python(self, name: str) -> str:
+        """The controller's Python: the hosts share this machine's files."""
+        return self.setup.python
 
     @property
     def runtime_dir(self) -> Path:

@@ -66,6 +66,14 @@ class LinkSite(Protocol):
 
     def host(self, name: str) -> LabHost: ...
 
+    def host_runner(self, name: str) -> SystemRunner:
+        """Runs commands on host `name`: in its namespace here, or over SSH on it."""
+        ...
+
+    def agent_python(self, name: str) -> str:
+        """The Python the agents (and the link probe) run with on host `name`."""
+        ...
+
 
 class Lab(LinkSite, Protocol):
     """A lab of some kind: brought up from a `LabSetup`, reached through its inventory."""

@@ -51,6 +51,7 @@ import yaml
 from testbed.core.errors import BadInputError, LabError
 from testbed.hosts.control import HostControl
 from testbed.hosts.inventory import Inventory, InventoryHost, inventory_document, load_inventory
+from testbed.hosts.liveness import not_answering
 from testbed.hosts.provisioned import (
     FACTS_DIR,
     HOLDER_VAR,
@@ -62,9 +63,10 @@ from testbed.hosts.provisioned import (
 )
 from testbed.labs import naming
 from testbed.labs.backup import BACKUP_IFACE, BackupPlan, PathEnd, load_plan
+from testbed.labs.binding import bind_topology
 from testbed.labs.interface import LinkSite
 from testbed.labs.setup import LabHost, LabSetup
-from testbed.labs.system import SystemRunner
+from testbed.labs.system import SystemRunner, become_prefix
 from testbed.topo.profile import LinkProfile
 from testbed.topo.topology import Topology
 
@@ -89,9 +91,12 @@ def host_runner(host: InventoryHost, base: SystemRunner, mux: str | None = None)
     `ansible_connection: local` (callers pass a `netns` per command where they need one). Host
     keys are not pinned, as in `ansible/ansible.cfg` and the Fabric layer: a lab's hosts are
     re-imaged and re-keyed. With `mux` (a folder for control sockets), commands share one
-    connection per host, kept `SSH_PERSIST_S` after the last."""
+    connection per host, kept `SSH_PERSIST_S` after the last. Where the host's user is not
+    root, every command goes through `sudo -n` (`become_prefix`): they are all system
+    commands (ip, tc, iptables, nft, modprobe, sysctl, the packet holder, the link probe)."""
     remote: tuple[str, ...] = ()
-    if host.vars.get("ansible_connection") != "local":
+    local = host.vars.get("ansible_connection") == "local"
+    if not local:
         argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o",
                 "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o",
                 "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]  # fmt: skip
@@ -101,7 +106,8 @@ def host_runner(host: InventoryHost, base: SystemRunner, mux: str | None = None)
         if host.key_file:
             argv += ["-i", str(host.key_file)]
         remote = (*argv, "-p", str(host.port), f"{host.user}@{host.address}", "--")
-    return SystemRunner(dry_run=base.dry_run, echo=base.echo, remote=remote)
+    return SystemRunner(dry_run=base.dry_run, echo=base.echo, remote=remote,
+                        become=become_prefix(host.user, remote=not local))  # fmt: skip
 
 
 class InventoryLab:
@@ -116,9 +122,11 @@ class InventoryLab:
         setup: LabSetup,
         inventory: Inventory,
         runner: SystemRunner,
+        down: dict[str, str] | None = None,
     ) -> None:
+        """The lab of `setup`'s topology bound to `inventory`'s hosts (testbed.labs.binding)
+        but for those in `down` (host -> why it did not answer)."""
         self._spec = setup
-        self._inventory = inventory
         if len(inventory.middleboxes) > 1:
             raise BadInputError(
                 f"{inventory.source}: middleboxes: expected at most one host where links are "
@@ -126,21 +134,26 @@ class InventoryLab:
             )
         self.middlebox = inventory.middleboxes[0] if inventory.middleboxes else None
         self.runner = host_runner(self.middlebox, runner) if self.middlebox else runner
-        on_hosts = self._topology_hosts()
-        for h in on_hosts if not self.middlebox else ():
+        self.unanswered = dict(down or {})
+        self.binding = bind_topology(setup.topology, inventory, self.unanswered)
+        bound = [inventory.host(h.name) for h in self.binding.topology.hosts]
+        bound.sort(key=lambda h: h.role != "server")  # servers first, then topology order
+        self._inventory = inventory.model_copy(update={"hosts": tuple(bound)})
+        for h in bound if not self.middlebox else ():
             if h.vars.get("ansible_connection") == "local" and h.netns:
                 raise BadInputError(
                     f"{inventory.source}: host {h.name!r}: ansible_connection: expected ssh for "
                     f"a host in namespace {h.netns} that impairs its own links (no middlebox)"
                 )
-        mux = None if runner.dry_run or self.middlebox else str(self.ssh_mux_dir)
+        mux = None if runner.dry_run else str(self.ssh_mux_dir)
         if mux:
             self.ssh_mux_dir.mkdir(mode=0o700, exist_ok=True)
-        self._runners = {h.name: host_runner(h, runner, mux) for h in on_hosts}
-        self._hosts = [self._lab_host(h) for h in on_hosts]
+        self._runners = {h.name: host_runner(h, runner, mux) for h in bound}
+        self._hosts = [self._lab_host(h) for h in bound]
+        self._one_port_each()
         self.from_facts: dict[str, dict[str, str]] = {}
         self.without_facts: list[str] = []
-        self.backup_plan = self._backup_plan(on_hosts) if setup.topology.has_backup else None
+        self.backup_plan = self._backup_plan(bound) if setup.topology.has_backup else None
 
     @classmethod
     def up(
@@ -149,17 +162,46 @@ class InventoryLab:
         runner: SystemRunner | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> InventoryLab:
-        """Read the inventory, check it holds the topology's hosts, and take their variables
-        from what the site playbook left on them (`_take_facts`); nothing is created."""
+        """Read the inventory, find which of its hosts answer, bind the topology to them
+        (testbed.labs.binding), and take their variables from what the site playbook left on
+        them (`_take_facts`); nothing is created. A device that does not answer is left out
+        and said; a server that does not answer stops it."""
         if setup.inventory is None:
             raise BadInputError("lab.inventory: required for lab kind inventory")
         runner = runner or SystemRunner()
         say = progress or (lambda _msg: None)
-        lab = cls(setup, load_inventory(setup.inventory), runner)
+        inventory = load_inventory(setup.inventory)
+        lab = cls(setup, inventory, runner)  # a bad inventory is refused before any contact
+        with HostControl(inventory, dry_run=runner.dry_run, echo=runner.echo) as hc:
+            down = not_answering(hc, inventory.hosts)
+        if down:
+            say("not answering: " + "; ".join(down.values()))
+            lab = cls(setup, inventory, runner, down)
+        bound = ", ".join(f"{t} -> {h}" for t, h in lab.binding.hosts.items() if t != h)
+        if bound:
+            say(f"topology {lab.topology.name} on the inventory's hosts: {bound}")
+        if lab.binding.left_out:
+            say(f"left out (their hosts do not answer): {', '.join(lab.binding.left_out)}")
         say(f"inventory {setup.inventory}: {len(lab.devices)} devices")
         lab._take_facts(runner, say)
         lab.runner.mkdir(lab.runtime_dir)
         return lab
+
+    def _one_port_each(self) -> None:
+        """With a middlebox, every host on its own middlebox port: the rules and the rate
+        shaper keep one class per port and direction, so two hosts behind one port would
+        share (and clash on) one."""
+        if not self.middlebox:
+            return
+        seen: dict[str, str] = {}
+        for h in self._hosts:
+            if h.port in seen:
+                raise BadInputError(
+                    f"{self._inventory.source}: hosts {seen[h.port]!r} and {h.name!r}: "
+                    f"{PORT_VAR}: both {h.port!r}; expected one middlebox port per host (the "
+                    "rules and the rate shaper keep one class per port)"
+                )
+            seen[h.port] = h.name
 
     def _take_facts(self, runner: SystemRunner, say: Callable[[str], None]) -> None:
         """Each server's and device's `draft_model` / `target_model` / `holder_path`, and the
@@ -214,18 +256,6 @@ class InventoryLab:
             self.middlebox = mb.model_copy(update={"vars": {**mb.vars, HOLDER_VAR: built}})
             taken[mb.name] = {HOLDER_VAR: built}
 
-    def _topology_hosts(self) -> list[InventoryHost]:
-        topo = self._spec.topology
-        known = {h.name for h in self._inventory.hosts}
-        missing = [h.name for h in topo.hosts if h.role != "controller" and h.name not in known]
-        if missing:
-            raise BadInputError(
-                f"{self._inventory.source}: topology {topo.name} needs host(s) {missing} "
-                f"(the inventory has: {', '.join(sorted(known))})"
-            )
-        order = topo.by_role("server") + topo.by_role("device")
-        return [self._inventory.host(h.name) for h in order]
-
     def _var(self, h: InventoryHost, var: str, what: str) -> str:
         value = h.vars.get(var)
         if not value or not isinstance(value, str):
@@ -243,8 +273,8 @@ class InventoryLab:
         return LabHost(
             name=h.name,
             role=h.role,
-            host_class=h.host_class or self._spec.topology.host(h.name).host_class,
-            ip=h.address,
+            host_class=self.topology.host(h.name).host_class,
+            ip=h.link_address,
             netns=h.netns,
             workdir=Path(h.workdir),
             port=port,
@@ -270,7 +300,7 @@ class InventoryLab:
                 if self.middlebox
                 else iface
             )
-            ends[h.name] = PathEnd(name=h.name, netns=h.netns or "", primary_ip=h.address,
+            ends[h.name] = PathEnd(name=h.name, netns=h.netns or "", primary_ip=h.link_address,
                                    backup_ip=ip, iface=iface, port=port)  # fmt: skip
         server = self._hosts[0].name
         return BackupPlan(
@@ -292,7 +322,8 @@ class InventoryLab:
 
     @property
     def topology(self) -> Topology:
-        return self._spec.topology
+        """The setup's topology bound to the inventory's hosts that answered."""
+        return self.binding.topology
 
     @property
     def bridge_netns(self) -> str | None:
@@ -311,7 +342,14 @@ class InventoryLab:
 
     def host_runner(self, name: str) -> SystemRunner:
         """Runs commands on host `name` (over SSH, or here)."""
-        return self._runners[self.host(name).name]
+        runner = self._runners[self.host(name).name]
+        if not runner.dry_run:  # its SSH control socket's folder (another lab object of this
+            self.ssh_mux_dir.mkdir(mode=0o700, exist_ok=True)  # state folder may have gone)
+        return runner
+
+    def agent_python(self, name: str) -> str:
+        """The Python the agents (and the link probe) run with on host `name`."""
+        return self._inventory.host(self.host(name).name).agent_python
 
     @property
     def holder_path(self) -> str | None:
@@ -362,6 +400,9 @@ class InventoryLab:
             "classes": self.topology.class_counts(),
             "from_facts": self.from_facts,
             "without_facts": self.without_facts,
+            "bound": self.binding.hosts,
+            "not_answering": self.unanswered,
+            "left_out": self.binding.left_out,
         }
 
     def down(self, keep_files: bool = False) -> list[str]:

@@ -4,6 +4,7 @@ it is made of (`LabHost`: a topology host placed on the lab, with its address an
 from __future__ import annotations
 
 import ipaddress
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,14 @@ class LabSetup(BaseModel):
 
     @model_validator(mode="after")
     def _fits(self) -> LabSetup:
+        if self.inventory is None:  # hosts of this machine: their names make interface names
+            long = [h.name for h in self.topology.hosts if not NAMESPACE_HOST_RE.match(h.name)]
+            if long:
+                raise ValueError(
+                    f"topology {self.topology.name}: host name(s) {long}: expected 1-13 "
+                    "characters, a lowercase letter then lowercase letters, digits, '-' or '_' "
+                    "(a namespace lab names interfaces after its hosts)"
+                )
         need = len(self.topology.hosts) + 1  # every host and the controller
         if self.subnet.num_addresses - 2 < need:
             raise ValueError(
@@ -121,6 +130,7 @@ class LabSetup(BaseModel):
 
 
 MAX_DEVICES = 200
+NAMESPACE_HOST_RE = re.compile(r"^[a-z][a-z0-9_-]{0,12}$")
 
 
 def default_state_dir(name: str) -> Path:

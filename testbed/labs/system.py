@@ -42,10 +42,17 @@ class SystemRunner:
     actions: list[str] = field(default_factory=list)
     remote: tuple[str, ...] = ()
     """A command prefix that runs one shell line on another machine (`ssh ... user@host`):
-    set for a physical lab's middlebox; empty to run here."""
+    set for a physical lab's hosts and middlebox; empty to run here."""
+    become: tuple[str, ...] = ()
+    """A prefix that gives each command root where it runs (`sudo -n`): set where the user
+    commands run as is not root. Every command of a runner needs it (ip, tc, iptables, nft,
+    modprobe, sysctl, the packet holder and the link probe); see `become_prefix`."""
+    netns: str | None = None
+    """The network namespace every command runs in unless the call names one (a namespace
+    host's runner)."""
 
     def _argv(self, argv: Sequence[str], netns: str | None) -> list[str]:
-        full = netns_argv([str(a) for a in argv], netns)
+        full = [*self.become, *netns_argv([str(a) for a in argv], netns or self.netns)]
         return [*self.remote, shlex.join(full)] if self.remote else full
 
     def record(self, text: str) -> None:
@@ -101,11 +108,14 @@ class SystemRunner:
         stdout: int | None = subprocess.DEVNULL,
         stderr_path: Path | None = None,
         detach: bool = True,
+        stdin: int | None = subprocess.DEVNULL,
     ) -> subprocess.Popen[bytes] | None:
         """Start a long-running process (in `netns`); `None` in dry-run.
 
         `detach` puts it in its own session so it outlives this process (a lab outlives the
-        `testbed lab up` command that made it).
+        `testbed lab up` command that made it). `stdin=subprocess.PIPE` gives the process a
+        pipe whose close it sees as end of input, over SSH too (how the link probe's
+        responder is told to stop on another machine).
         """
         full = self._argv(argv, netns)
         line = shlex.join(full)
@@ -116,7 +126,7 @@ class SystemRunner:
         try:
             return subprocess.Popen(
                 full,
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=stdout,
                 stderr=err,
                 start_new_session=detach,
@@ -159,6 +169,14 @@ class SystemRunner:
         except ProcessLookupError:
             return False
         return True
+
+
+def become_prefix(user: str, remote: bool) -> tuple[str, ...]:
+    """`sudo -n` where commands run as a user other than root: `user` on another machine
+    (`remote`), or this process's user here; nothing for root. `-n`: a user without
+    passwordless sudo fails at once, naming sudo, instead of waiting for a password."""
+    is_root = user == "root" if remote else os.geteuid() == 0
+    return () if is_root else ("sudo", "-n")
 
 
 def require_root() -> None:

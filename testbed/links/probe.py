@@ -1,8 +1,9 @@
 """Measure a device <-> server link: RTT and loss per direction, against the requested profile.
 
-A UDP echo responder runs in the server's namespace and a sender in the device's (both
-`agents.link_probe`, started with `ip netns exec`), so the probe crosses exactly the path the agents
-use. Forward loss is counted at the responder, reverse loss from the echoes that came back.
+A UDP echo responder runs on the server and a sender on the device (both `agents.link_probe`,
+through each host's runner: in its namespace here, or over SSH with its agents' Python on a lab
+of hardware), so the probe crosses exactly the path the agents use. Forward loss is counted
+at the responder, reverse loss from the echoes that came back.
 Each probe is fitted to the model of the link it crossed (`testbed.links.expect`): per packet,
 the profile in force when it was sent, and the RTTs that profile gives under the holder's
 ordering policy, side by side with the measured ones.
@@ -14,8 +15,9 @@ import json
 import math
 import select
 import subprocess
-import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,7 +34,7 @@ from testbed.links.expect import LinkClock, LinkFit, fit_probe, send_times
 from testbed.topo.profile import LOSS_SEMANTICS, LinkProfile
 from testbed.topo.topology import PathKind
 
-PROBE = [sys.executable, "-m", "agents.link_probe"]  # the sender and responder, on a lab host
+PROBE_MODULE = ["-m", "agents.link_probe"]  # the sender and responder, on a lab host
 BASE_PORT = 47000
 UDP_IP_ETH_BYTES = 8 + 20 + 14  # headers a datagram carries on the wire past its payload
 PROBE_RT_PRIO = 10  # below the holder's: the probe measures the link, not the CPU queue
@@ -230,6 +232,11 @@ def link_clock(
     return LinkClock(t0, t0, "estimated")
 
 
+def probe_argv(lab: LinkSite, host: str) -> list[str]:
+    """The link probe's command on `host`, with the Python its agents run with."""
+    return [lab.agent_python(host), *PROBE_MODULE]
+
+
 def held_after_kernel_stamp(lab: LinkSite) -> bool:
     """Whether packets are held after the kernel stamped their arrival: a lab impaired on its
     hosts by the packet holder holds them on the receiver's ingress (netem on the hosts holds
@@ -324,8 +331,11 @@ def probe_packets(
     interface, whatever the device's routes say); default: as the routes say. `after_hold`:
     whether packets are held after the kernel stamps them (default: as
     `held_after_kernel_stamp(lab)` says)."""
-    runner = runner or lab.runner
     dev = device if isinstance(device, LabHost) else lab.host(device)
+    # each end on its own host (in its namespace, or over SSH with its agents' Python)
+    at_server, at_device = (runner, runner) if runner else (
+        lab.host_runner(lab.server.name), lab.host_runner(dev.name))  # fmt: skip
+    server_ns, device_ns = (lab.server.netns, dev.netns) if runner else (None, None)
     if dev.role != "device":
         raise ImpairmentError(f"{dev.name} is not a device of lab {lab.name}")
     requested = requested if requested is not None else _requested(lab, dev.name)
@@ -335,33 +345,42 @@ def probe_packets(
         after_hold = held_after_kernel_stamp(lab)
     if after_hold:
         tag.append("--rx-after-hold")
-    echo = runner.spawn(
-        [*PROBE, "echo", "--bind", lab.server.ip, "--port", port, *tag],
-        netns=lab.server.netns,
+    errors = Path(tempfile.mkstemp(prefix="tb-probe-", suffix=".err")[1])  # the responder's
+    echo = at_server.spawn(
+        [*probe_argv(lab, lab.server.name), "echo", "--bind", lab.server.ip, "--port", port,
+         "--stop-on-eof", *tag],
+        netns=server_ns,
         stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        stderr_path=errors,
         detach=False,
-    )
+    )  # fmt: skip
     linger = max(1.0, 3 * (requested.rtt_ms + 2 * requested.jitter_ms) / 1000)
     send_argv = [
-        *PROBE, "send", "--dst", lab.server.ip, "--port", port,
+        *probe_argv(lab, dev.name), "send", "--dst", lab.server.ip, "--port", port,
         "--count", count, "--interval-ms", interval_ms, "--size", size,
         "--linger-s", f"{linger:.3f}", *tag,
     ]  # fmt: skip
     if via is not None:
         send_argv += ["--via", via, "--src", dev.ip]
     if echo is None:  # dry-run
-        runner.run(send_argv, netns=dev.netns)
+        errors.unlink(missing_ok=True)
+        at_device.run(send_argv, netns=device_ns)
         return RawProbe(device=dev.name, sent=count, at_server=[], rtt_ms={}, warmup_s=0.0)
     try:
         assert echo.stdout is not None
         ready, _, _ = select.select([echo.stdout], [], [], 10)
         if not ready or echo.stdout.readline().strip() != b"ready":
-            raise ImpairmentError(f"probe responder did not start on {lab.server.name}")
+            err = errors.read_text(errors="replace")[-500:].strip()
+            raise ImpairmentError(f"probe responder did not start on {lab.server.name}: {err}")
         budget = send_budget_s(requested, count, interval_ms, size, linger)
         launched = time.time()
-        res = runner.run(send_argv, netns=dev.netns, timeout=budget, error=ImpairmentError)
+        res = at_device.run(send_argv, netns=device_ns, timeout=budget, error=ImpairmentError)
     finally:
-        echo.terminate()
+        errors.unlink(missing_ok=True)
+        assert echo.stdin is not None
+        echo.stdin.close()  # the responder's end of input (over SSH too): it reports and ends
+        echo.stdin = None  # closed: communicate() only reads
         try:
             out, _ = echo.communicate(timeout=10)
         except subprocess.TimeoutExpired:

@@ -66,8 +66,8 @@ def server_command(host: InventoryHost, cond: Condition, model: str, records: st
     """The verification server (modes sled, centralized)."""
     pb = cond.playbook
     return shlex.join([
-        host.python, "-m", "agents.sled.server",
-        "--bind", f"{host.address}:{SERVER_PORT}", "--model", model,
+        host.agent_python, "-m", "agents.sled.server",
+        "--bind", f"{host.link_address}:{SERVER_PORT}", "--model", model,
         "--device", pb.models.server_device, "--seed", str(pb.seed),
         *agent_flags(pb.sled, "server"),
         "--records", records, "--ready-file", f"{records}/ready",
@@ -81,7 +81,7 @@ def device_command(
     """One device agent (modes sled, centralized, device-only)."""
     pb = cond.playbook
     args = [
-        host.python, "-m", "agents.sled.device",
+        host.agent_python, "-m", "agents.sled.device",
         "--dev", host.name, "--model", model, "--mode", pb.mode,
         *agent_flags(pb.sled, "device"),
         "--seed", str(device_seed(pb.seed, host.name)),
@@ -90,7 +90,8 @@ def device_command(
         "--emulation", f"{records}/{EMULATION_FILE}",
     ]  # fmt: skip
     if pb.mode != "device-only":
-        args += ["--server", f"{server.address}:{SERVER_PORT}", "--key-file", key_path_on(host)]
+        server_at = f"{server.link_address}:{SERVER_PORT}"
+        args += ["--server", server_at, "--key-file", key_path_on(host)]
     return shlex.join(args)
 
 
@@ -101,7 +102,7 @@ def local_command(
     pb = cond.playbook
     mode = SERVER_ALONE[pb.mode]
     args = [
-        host.python, "-m", "agents.sled.local",
+        host.agent_python, "-m", "agents.sled.local",
         "--mode", mode, "--target", target, "--device", pb.models.server_device,
         "--threads", str(pb.sled.server_threads), "--draft-len", str(pb.sled.draft_len),
         "--max-new", str(pb.workload.max_new_tokens),

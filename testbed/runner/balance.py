@@ -150,7 +150,7 @@ def cost_model_on(
         hosts.run(
             server,
             shlex.join([
-                server.python, "-m", "agents.balance.measure", "--out", remote,
+                server.agent_python, "-m", "agents.balance.measure", "--out", remote,
                 "--draft", models[0], "--target", models[1],
                 "--draft-len", str(b.draft_len), "--repeats", str(b.profile_repeats),
                 "--threads", str(b.threads), "--device", pb.models.server_device,
@@ -170,8 +170,8 @@ def server_command(host: InventoryHost, cond: Condition, target: str, draft: str
     records)."""
     pb, b = cond.playbook, cond.playbook.balance
     return shlex.join([
-        host.python, "-m", "agents.balance.server",
-        "--bind", f"{host.address}:{SERVER_PORT}", "--key-file", key_path_on(host),
+        host.agent_python, "-m", "agents.balance.server",
+        "--bind", f"{host.link_address}:{SERVER_PORT}", "--key-file", key_path_on(host),
         "--users", str(b.users), "--cost", f"{records}/{COST_MODEL}",
         "--target", target, "--draft", draft, "--policy", b.policy,
         "--memory-bytes", str(b.memory_gb * GB), "--fixed-share", str(b.fixed_share),
@@ -185,8 +185,8 @@ def client_command(host: InventoryHost, server: InventoryHost, cond: Condition, 
                    start_at: float) -> str:  # fmt: skip
     """One device's BALANCE client: its users' requests over its link."""
     return shlex.join([
-        host.python, "-m", "agents.balance.client",
-        "--server", f"{server.address}:{SERVER_PORT}", "--dev", host.name,
+        host.agent_python, "-m", "agents.balance.client",
+        "--server", f"{server.link_address}:{SERVER_PORT}", "--dev", host.name,
         "--users", f"{records}/users.jsonl", "--records", records,
         "--key-file", key_path_on(host), "--start-at", repr(start_at),
         "--copies", str(cond.playbook.balance.copies),

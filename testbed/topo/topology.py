@@ -29,7 +29,10 @@ class TopoHost(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,12}$", description="13 characters at most")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$",
+        description="a host name (a namespace lab's: 13 characters at most, see LabSetup)",
+    )
     role: Role
     host_class: str
 
