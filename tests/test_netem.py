@@ -193,7 +193,9 @@ def test_probe_responder_reports_each_echos_send_lag_and_both_ends_their_send_ti
     import subprocess
     import time
 
-    from testbed.links.probe import PROBE
+    from testbed.links.probe import PROBE_MODULE
+
+    PROBE = [sys.executable, *PROBE_MODULE]
 
     port = 47990
     echo = subprocess.Popen(
