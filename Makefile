@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 # Portable x86-64 build of llama.cpp (AVX2/FMA), so a cached wheel runs on any recent server.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_CURL=OFF
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=15
 TORCH_VERSION := 2.13.0
 SETUP_LOG ?= $(VENV)/setup.log
 EXTRAS := device,server,controller,dev

@@ -39,7 +39,7 @@ from testbed.balance.over_link import LinkView, over_link
 from testbed.balance.simulator import simulate
 from testbed.balance.user_figures import condition_metrics, describe, user_table
 from testbed.config.playbook import Condition, Playbook
-from testbed.core.errors import BadInputError
+from testbed.core.errors import AgentError, BadInputError
 from testbed.core.files import atomic_write_json
 from testbed.hosts.inventory import InventoryHost
 from testbed.links.plan import condition_links
@@ -301,8 +301,15 @@ def tables(cond: Condition, staged: ConditionFolder, rows: list[dict[str, Any]],
     """The condition's user table and figures from the fetched records."""
     pb = cond.playbook
     seen = [r for d in devices for r in read_records(staged.host(d) / "balance_requests.jsonl")]
-    served = read_records(staged.host(server) / "served.jsonl")
     summary = json.loads((staged.host(server) / "summary.json").read_text())
+    if seen and not summary["users_asked"]:
+        raise AgentError(
+            f"{cond.id}: the BALANCE server received no request of the {len(seen)} the devices "
+            f"sent ({sum(r['attempts'] for r in seen)} datagrams; refused as malformed: "
+            f"{summary['refusals'] or 'none'}): see hosts/*/balance-client.log"
+        )
+    served_file = staged.host(server) / "served.jsonl"  # absent when nobody asked
+    served = read_records(served_file) if served_file.exists() else []
     predicted = predictions(cost, rows, pb)
     users = user_table(rows, seen, served, predicted[0], cond.id)
     write_parquet(users, staged.table("balance_users"))
