@@ -150,6 +150,30 @@ def down(
             typer.echo(f"lab {name} is down ({len(removed)} objects removed)")
 
 
+def mirror(
+    folder: Annotated[Path, typer.Argument(help="The folder to fill (the controller serves it).")],
+    deps: Annotated[
+        bool,
+        typer.Option(
+            help="Every dependency's wheel too (builds llama-cpp-python: run it on a host of "
+            "the lab's architecture)."
+        ),
+    ] = False,
+    debs: Annotated[
+        bool, typer.Option(help="The Debian packages the roles install, as a flat apt repository.")
+    ] = True,
+) -> None:
+    """Fill an offline lab's folder: the harness's wheels and the roles' Debian packages, for
+    hosts of this machine's architecture and release (testbed.hosts.mirror)."""
+    with exit_codes(INTERRUPTED):
+        from testbed.hosts.mirror import build_mirror
+
+        made = build_mirror(folder, debs=debs, deps=deps)
+        typer.echo(f"{folder}/wheels: {len(made.wheels)} wheels; {folder}/debs: "
+                   f"{len(made.debs)} Debian packages")  # fmt: skip
+        typer.echo(f"serve it: python3 -m http.server --directory {folder} 8000")
+
+
 def clean(
     name: Annotated[
         str | None, typer.Option("--name", help="Only this lab (default: every tb- lab).")
