@@ -7,9 +7,10 @@ each with its own root filesystem, a sudo login user and no route outside the la
     ansible-playbook site.yml --check        section 4, then for real, then changed=0
     testbed run smoke.yaml --inventory       section 5, every condition done
     testbed report / testbed dashboard       the nightly's publishing steps
+    a run with pi5-2 unplugged mid-run       it finishes; pi5-2's absence recorded
     testbed lab down                         nothing left: namespaces, mounts, processes
 
-One lab for the module, the tests in file order (each step needs the one before); about seven
+One lab for the module, the tests in file order (each step needs the one before); about eight
 minutes on two cores.
 """
 
@@ -20,11 +21,13 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import require_root_netns
 
 REPO = Path(__file__).resolve().parent.parent
@@ -183,6 +186,43 @@ def test_report_and_dashboard(rh: Rehearsal) -> None:
     dash = rh.tool("testbed", "dashboard", str(rh.out))
     assert dash.returncode == 0, dash.stderr[-3000:]
     assert (rh.out / "index.html").is_file() and (rh.run_dir / "dashboard.html").is_file()
+
+
+def test_device_lost_mid_run(rh: Rehearsal, tmp_path: Path) -> None:
+    """pi5-2 unplugged while the first condition's agents run: the run goes on, the next
+    condition runs on pi5-1 alone, and pi5-2's absence is recorded."""
+    from testbed.labs.rehearsal import RehearsalLab
+
+    pb = yaml.safe_load((REPO / "experiments" / "smoke.yaml").read_text())
+    pb["name"] = "device-lost"
+    pb["topology"] = str(REPO / "topologies" / "star.yaml")
+    pb["workload"] |= {"problems_per_device": 2, "max_new_tokens": 16}
+    pb["sweep"] = {"link.loss": [0.0, 0.05]}
+    playbook = tmp_path / "device-lost.yaml"
+    playbook.write_text(yaml.safe_dump(pb))
+    out = rh.out.parent / "lost"
+    argv = [str(BIN / "testbed"), "run", str(playbook), "--inventory", str(rh.inventory),
+            "--out", str(out)]  # fmt: skip
+    env = rh.env() | {"COLUMNS": "200"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=REPO)  # fmt: skip
+    said, unplugged, t0 = [], False, time.monotonic()
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        said.append(line)
+        if not unplugged and "c00" in line and "starting 2 device agents" in line:
+            RehearsalLab.load(rh.state_dir).unplug("pi5-2")
+            unplugged = True
+        assert time.monotonic() - t0 < 300, "".join(said)[-3000:]
+    assert proc.wait(timeout=60) in (0, 6) and unplugged, "".join(said)[-4000:]
+    (run,) = out.iterdir()
+    journal = [json.loads(line) for line in (run / "journal.jsonl").read_text().splitlines()]
+    assert [j["condition"][:3] for j in journal] == ["c00", "c01"], journal
+    after = journal[1]
+    assert after["status"] == "done", after
+    assert after["devices"] == ["pi5-1"] and set(after["lost"]) == {"pi5-2"}, after
+    lost = json.loads((run / "manifest.json").read_text())["lost_devices"]
+    assert lost["pi5-2"]["before"] == after["condition"], lost
 
 
 def test_down_leaves_nothing(rh: Rehearsal) -> None:
