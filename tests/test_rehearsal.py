@@ -196,7 +196,7 @@ def test_device_lost_mid_run(rh: Rehearsal, tmp_path: Path) -> None:
     pb = yaml.safe_load((REPO / "experiments" / "smoke.yaml").read_text())
     pb["name"] = "device-lost"
     pb["topology"] = str(REPO / "topologies" / "star.yaml")
-    pb["workload"] |= {"problems_per_device": 2, "max_new_tokens": 16}
+    pb["workload"] |= {"problems_per_device": 1, "max_new_tokens": 16}
     pb["sweep"] = {"link.loss": [0.0, 0.05]}
     playbook = tmp_path / "device-lost.yaml"
     playbook.write_text(yaml.safe_dump(pb))

@@ -52,6 +52,9 @@ from testbed.topo.topology import Topology
 LAB_NAME = "run"
 LAB_NAME_ENV = "TESTBED_LAB_NAME"
 LAB_SUBNET_ENV = "TESTBED_LAB_SUBNET"
+LOST_AFTER_S = 5.0
+"""A device that does not run `true` over its SSH connection within this long, between
+conditions, is lost (at the start of a run, testbed.hosts.liveness allows longer)."""
 
 
 def run_topology(pb: Playbook, source: str) -> Topology:
@@ -258,7 +261,7 @@ def _leave_out_lost(ctx: RunContext, store: RunStore, cid: str) -> None:
     """Before condition `cid` of a hardware run: devices that stopped answering are left out
     of it and of every later one, said, and recorded in the manifest (`lost_devices`)."""
     still = [d for d in ctx.lab.inventory().devices if d.name not in ctx.lost]
-    newly = not_answering(ctx.hosts, still)
+    newly = not_answering(ctx.hosts, still, timeout_s=LOST_AFTER_S)
     if not newly:
         return
     ctx.lost.update(newly)
