@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -121,6 +122,7 @@ def rh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
     finally:
         if leftovers(state_dir) or state_dir.exists():
             lab.tool("testbed", "lab", "down", "--name", NAME)
+        shutil.rmtree(LabSetup.build(name=RUN_LAB).resolved_state_dir(), ignore_errors=True)
 
 
 def test_up_is_one_command_and_the_lab_is_offline(rh: Rehearsal) -> None:
