@@ -48,6 +48,7 @@ COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("lab status", lab.status),
     ("lab down", lab.down),
     ("lab clean", lab.clean),
+    ("lab mirror", lab.mirror),
     ("lab impair", lab.impair),
     ("lab clear", lab.clear_cmd),
     ("lab probe", lab.probe_cmd),

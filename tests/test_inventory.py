@@ -71,6 +71,24 @@ def test_example_inventory_hosts_roles_and_classes() -> None:
     }
 
 
+def test_example_inventory_names_the_fields_the_code_reads() -> None:
+    """The fields the roles and the harness read (docs/lab-bringup.md's table), one middlebox
+    port per host, and the smoke topology bound onto its hosts."""
+    from testbed.labs.binding import bind_topology
+    from testbed.labs.physical import IFACE_VAR, PORT_VAR
+    from testbed.topo.files import load_topology
+
+    assert "link_interface" not in EXAMPLE.read_text()
+    inv = load_inventory(EXAMPLE, EXAMPLE_PASS)
+    hosts = [*inv.servers, *inv.devices]
+    assert all(h.vars.get(IFACE_VAR) and h.vars.get("link_ip") for h in hosts)
+    ports = [h.vars[PORT_VAR] for h in hosts]
+    assert len(set(ports)) == len(ports), ports
+    assert inv.server.vars["testbed_src"] and inv.host("mbox").vars["middlebox_bridge"] == "br0"
+    bound = bind_topology(load_topology(REPO / "topologies" / "star.yaml"), inv)
+    assert bound.hosts == {"server": "a100", "dev1": "pi5-1", "dev2": "pi5-2"}
+
+
 def test_group_vars_host_vars_and_nested_groups(tmp_path: Path) -> None:
     doc = {
         "all": {

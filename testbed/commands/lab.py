@@ -46,7 +46,10 @@ def _hosts_table(lab: EmulatedLab) -> None:
     _table(
         f"lab {lab.name}",
         ["host", "role", "class", "address", "netns", "bridge port", "workdir"],
-        [[h.name, h.role, h.host_class, h.ip, h.netns, h.port, str(h.workdir)] for h in lab.hosts],
+        [
+            [h.name, h.role, h.host_class, h.ip, h.netns, h.port, str(h.workdir)]
+            for h in [*lab.state.support_hosts, *lab.hosts]
+        ],
     )
 
 
@@ -59,29 +62,44 @@ def up(
         Path | None, typer.Option(help="Topology file (topologies/*.yaml; default: a star).")
     ] = None,
     name: NameOpt = "lab",
-    subnet: Annotated[str, typer.Option(help="IPv4 subnet of the lab.")] = "10.77.0.0/24",
+    subnet: Annotated[
+        str | None,
+        typer.Option(help="IPv4 subnet of the lab (10.77.0.0/24; a rehearsal's LAN 10.96.0.0/24)."),
+    ] = None,
+    kind: Annotated[
+        str,
+        typer.Option(
+            help="namespaces (a star of namespace hosts) or rehearsal (hosts shaped like "
+            "ansible/inventories/lab.example.yml, provisioned and run through their inventory)."
+        ),
+    ] = "namespaces",
     state_dir: StateOpt = None,
     dry_run: DryOpt = False,
 ) -> None:
     """Create the lab: one namespace and sshd per host, a bridge, the controller attached."""
     with exit_codes(INTERRUPTED):
-        from testbed.labs import EmulatedLab, LabSetup
+        from testbed.labs import LabSetup
+        from testbed.labs.kinds import STANDING_KINDS, lab_class
         from testbed.topo.files import load_topology
 
-        fields: dict[str, Any] = {"name": name, "subnet": subnet, "state_dir": state_dir}
+        cls: Any = lab_class(kind, STANDING_KINDS, "--kind")
+        default = "10.96.0.0/24" if kind == "rehearsal" else "10.77.0.0/24"
+        fields: dict[str, Any] = {"name": name, "subnet": subnet or default, "state_dir": state_dir}
         if topology is not None:
             fields["topology"] = load_topology(topology)
         if devices is not None:
             fields["devices"] = devices  # rescales the topology (a star by default)
         setup = LabSetup.build("testbed lab up", **fields)
         say: Callable[[str], None] = lambda m: typer.echo(f"  {m}", err=True)  # noqa: E731
-        lab = EmulatedLab.up(
+        lab = cls.up(
             setup, runner=lab_runner(dry_run), progress=None if dry_run else say, persistent=True
         )
         if dry_run:
             return
         _hosts_table(lab)
         typer.echo(f"inventory: {lab.inventory_path}")
+        if kind == "rehearsal":
+            typer.echo(f"vault password: {lab.vault_password_file}")
         typer.echo(f"up in {lab.state.up_seconds:.2f} s; remove it: testbed lab down --name {name}")
 
 
@@ -130,6 +148,30 @@ def down(
         removed = lab.down(keep_files=keep_files)
         if not dry_run:
             typer.echo(f"lab {name} is down ({len(removed)} objects removed)")
+
+
+def mirror(
+    folder: Annotated[Path, typer.Argument(help="The folder to fill (the controller serves it).")],
+    deps: Annotated[
+        bool,
+        typer.Option(
+            help="Every dependency's wheel too (builds llama-cpp-python: run it on a host of "
+            "the lab's architecture)."
+        ),
+    ] = False,
+    debs: Annotated[
+        bool, typer.Option(help="The Debian packages the roles install, as a flat apt repository.")
+    ] = True,
+) -> None:
+    """Fill an offline lab's folder: the harness's wheels and the roles' Debian packages, for
+    hosts of this machine's architecture and release (testbed.hosts.mirror)."""
+    with exit_codes(INTERRUPTED):
+        from testbed.hosts.mirror import build_mirror
+
+        made = build_mirror(folder, debs=debs, deps=deps)
+        typer.echo(f"{folder}/wheels: {len(made.wheels)} wheels; {folder}/debs: "
+                   f"{len(made.debs)} Debian packages")  # fmt: skip
+        typer.echo(f"serve it: python3 -m http.server --directory {folder} 8000")
 
 
 def clean(

@@ -2,7 +2,7 @@
 
     bridge netns tb-<lab>-sw:  br0 ── p-server ── eth0 in tb-<lab>-server (10.77.0.1)
                                    ├─ p-dev1   ── eth0 in tb-<lab>-dev1   (10.77.0.2) ...
-                                   └─ p-ctl    ── tb-<lab>-c in the root namespace (10.77.0.254)
+                                   └─ p-root   ── tb-<lab>-c in the root namespace (10.77.0.254)
 
 The controller is the root namespace (where the `testbed` process runs), so Fabric and Ansible
 reach every host over SSH exactly as on hardware. Hosts share the filesystem; each has its own

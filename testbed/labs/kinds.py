@@ -24,12 +24,21 @@ bridge; `mininet` the same hosts made by Mininet; `inventory` a physical lab."""
 
 DEFAULT_KIND = "namespaces"
 
+STANDING_KINDS: dict[str, str] = {
+    "namespaces": LAB_KINDS["namespaces"],
+    "rehearsal": "testbed.labs.rehearsal:RehearsalLab",
+}
+"""kind -> `module:Class` of the labs `testbed lab up --kind` brings up and leaves standing
+until `testbed lab down`. `rehearsal` is a lab shaped like a real one (hosts named and reached
+as the example inventory's, each its own root filesystem and sudo user, a middlebox to make),
+rehearsed through its inventory on lab kind `inventory`."""
 
-def lab_class(kind: str) -> type[Lab]:
-    """The class implementing lab kind `kind`."""
-    where = LAB_KINDS.get(kind)
+
+def lab_class(kind: str, kinds: dict[str, str] = LAB_KINDS, key: str = "lab.kind") -> type[Lab]:
+    """The class implementing lab kind `kind` (of `kinds`; `key` names the setting)."""
+    where = kinds.get(kind)
     if where is None:
-        raise BadInputError(f"lab.kind: expected one of {', '.join(LAB_KINDS)}, got {kind!r}")
+        raise BadInputError(f"{key}: expected one of {', '.join(kinds)}, got {kind!r}")
     module, _, name = where.partition(":")
     try:
         return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]

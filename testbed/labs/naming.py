@@ -11,7 +11,7 @@ LAB_NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 """Lab names are short: the controller's veth `tb-<name>-c` must fit Linux's 15-char limit."""
 
 BRIDGE = "br0"
-CONTROLLER_PORT = "p-ctl"
+CONTROLLER_PORT = "p-root"
 HOST_IFACE = "eth0"
 
 

@@ -22,6 +22,8 @@ class LabState(BaseModel):
     state_dir: Path
     status: Literal["creating", "up", "failed"] = "creating"
     hosts: list[LabHost]
+    support_hosts: list[LabHost] = []
+    """Hosts beside the topology's (a rehearsal lab's controller and middlebox)."""
     controller_ip: str
     controller_link: str
     bridge_netns: str

@@ -86,6 +86,8 @@ def flatten(entry: dict[str, Any]) -> dict[str, Any]:
         row[f"link_requested.{key}"] = value
     for key, value in (link.get("summary") or {}).items():
         row[key] = value
+    if "devices" in entry:  # a hardware run that lost devices: how many this one had
+        row["devices"] = len(entry["devices"])
     row.update(entry.get("metrics") or {})
     return row
 

@@ -235,7 +235,7 @@ def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> di
     if pb.workload.kind != "arithmetic":
         raise BadInputError("workload.kind: balance mode serves arithmetic problems only")
     hosts, inv = ctx.hosts, ctx.lab.inventory()
-    server, devices = inv.server, condition_devices(inv, cond)
+    server, devices = inv.server, condition_devices(inv, cond, ctx.lost)
     names = [d.name for d in devices]
     when = ConditionTime.starting_now(condition_dilation(cond))
     links = condition_links(ctx.lab, names, pb, when.dilation)

@@ -72,7 +72,7 @@ class Agents:
 def run_condition(ctx: RunContext, cond: Condition, folder: ConditionFolder) -> dict[str, Any]:
     """Run one condition; returns the journal fields `link` and `metrics` (raises on failure)."""
     pb = cond.playbook
-    devices = condition_devices(ctx.lab.inventory(), cond)
+    devices = condition_devices(ctx.lab.inventory(), cond, ctx.lost)
     when = ConditionTime.starting_now(condition_dilation(cond))
     links = condition_links(ctx.lab, [d.name for d in devices], pb, when.dilation)
     profile = links.requested

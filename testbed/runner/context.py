@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 
 from agents.workloads.arithmetic import Problem
 from testbed.config.playbook import Condition
@@ -24,11 +24,16 @@ class RunContext:
     reference: Callable[[list[Problem], int], dict[str, str]]
     say: Callable[[str], None]
     dry_run: bool = False
+    # device -> why it stopped answering during the run (left out of every later condition)
+    lost: dict[str, str] = field(default_factory=dict)
 
 
-def condition_devices(inv: Inventory, cond: Condition) -> list[InventoryHost]:
-    """The devices a condition runs on: the first `lab.devices` of the lab (all if unset)."""
-    devices = inv.devices
+def condition_devices(
+    inv: Inventory, cond: Condition, lost: Collection[str] = ()
+) -> list[InventoryHost]:
+    """The devices a condition runs on: the first `lab.devices` of the lab's devices (all if
+    unset), those `lost` during the run left out."""
+    devices = [d for d in inv.devices if d.name not in lost]
     count = cond.playbook.lab.devices
     return list(devices if count is None else devices[:count])
 

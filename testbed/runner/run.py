@@ -28,10 +28,11 @@ from testbed.config.playbook import (
     playbook_topology,
     with_lab,
 )
-from testbed.core.errors import BadInputError, TestbedError
+from testbed.core.errors import BadInputError, LabError, TestbedError
 from testbed.core.paths import results_dir
 from testbed.hosts.control import HostControl
 from testbed.hosts.inventory import load_inventory
+from testbed.hosts.liveness import not_answering
 from testbed.labs.interface import Lab
 from testbed.labs.kinds import lab_class
 from testbed.labs.physical import inventory_topology
@@ -40,7 +41,7 @@ from testbed.labs.system import SystemRunner
 from testbed.results.condition_table import write_condition_table
 from testbed.results.manifest import build_manifest, model_digests
 from testbed.results.store import ConditionFolder, RunStore
-from testbed.runner.context import RunContext
+from testbed.runner.context import RunContext, condition_devices
 from testbed.runner.emulation import check_emulation, time_dilation
 from testbed.runner.models import resolve_models
 from testbed.runner.modes import condition_runner
@@ -51,6 +52,9 @@ from testbed.topo.topology import Topology
 LAB_NAME = "run"
 LAB_NAME_ENV = "TESTBED_LAB_NAME"
 LAB_SUBNET_ENV = "TESTBED_LAB_SUBNET"
+LOST_AFTER_S = 5.0
+"""A device that does not run `true` over its SSH connection within this long, between
+conditions, is lost (at the start of a run, testbed.hosts.liveness allows longer)."""
 
 
 def run_topology(pb: Playbook, source: str) -> Topology:
@@ -242,6 +246,8 @@ def execute(
         )  # fmt: skip
         ctx = RunContext(lab, hosts, models.draft, models.target, reference, say)
         for cond in todo:
+            if pb.lab.kind == "inventory":
+                _leave_out_lost(ctx, store, cond.id)
             entry = _run_one(ctx, store, cond)
             done += entry["status"] == "done"
             failed += entry["status"] == "failed"
@@ -251,12 +257,32 @@ def execute(
     return RunOutcome(store, done, failed, len(conditions) - remaining)
 
 
+def _leave_out_lost(ctx: RunContext, store: RunStore, cid: str) -> None:
+    """Before condition `cid` of a hardware run: devices that stopped answering are left out
+    of it and of every later one, said, and recorded in the manifest (`lost_devices`)."""
+    still = [d for d in ctx.lab.inventory().devices if d.name not in ctx.lost]
+    newly = not_answering(ctx.hosts, still, timeout_s=LOST_AFTER_S)
+    if not newly:
+        return
+    ctx.lost.update(newly)
+    ctx.say(f"{cid}: left out from now on (not answering): " + "; ".join(newly.values()))
+    lost = store.manifest().get("lost_devices", {})
+    lost.update({name: {"before": cid, "reason": why} for name, why in newly.items()})
+    store.update_manifest(lost_devices=lost)
+
+
 def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
-    """Run a condition, journal it as done or failed (with its reason); never raises."""
+    """Run a condition, journal it as done or failed (with its reason); never raises. The
+    entry names the devices it had (`devices`) and those lost before it (`lost`)."""
     staged = store.staging(cond.id)
     t0 = time.time()
     base = {"condition": cond.id, "index": cond.index, "values": cond.values, "started": t0}
+    if ctx.lost:
+        names = [d.name for d in condition_devices(ctx.lab.inventory(), cond, ctx.lost)]
+        base |= {"devices": names, "lost": dict(ctx.lost)}
     try:
+        if ctx.lost and not base["devices"]:
+            raise LabError(f"no device left to run on (lost: {', '.join(ctx.lost)})")
         run = condition_runner(cond)
         if cond.playbook.lab.time_dilation == "auto":
             dilation, base["pilots"] = choose_dilation(run, ctx, cond, staged, ctx.say)

@@ -1,0 +1,234 @@
+"""The hardware rehearsal: `docs/lab-bringup.md` walked step by step, in its order, on the
+rehearsal lab (testbed.labs.rehearsal: hosts named, reached and provisioned as a real lab's,
+each with its own root filesystem, a sudo login user and no route outside the lab).
+
+    testbed lab up --kind rehearsal          one command, the inventory written
+    ansible all -m ping                      section 3: Ansible reads the inventory and vault
+    ansible-playbook site.yml --check        section 4, then for real, then changed=0
+    testbed run smoke.yaml --inventory       section 5, every condition done
+    testbed report / testbed dashboard       the nightly's publishing steps
+    a run with pi5-2 unplugged mid-run       it finishes; pi5-2's absence recorded
+    testbed lab down                         nothing left: namespaces, mounts, processes
+
+One lab for the module, the tests in file order (each step needs the one before); about eight
+minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import require_root_netns
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+NAME = "rht"
+RUN_LAB = "rhtrun"  # the run's own lab name: its runtime state apart from other labs'
+SUBNET = "10.98.0.0/24"
+RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+HOSTS = {"ctl", "mbox", "a100", "pi5-1", "pi5-2", "jetson-1"}
+
+
+@dataclass
+class Rehearsal:
+    state_dir: Path
+    out: Path
+    run_dir: Path | None = None
+
+    @property
+    def inventory(self) -> Path:
+        return self.state_dir / "inventory" / "lab.yml"
+
+    def env(self) -> dict[str, str]:
+        return dict(
+            os.environ,
+            LC_ALL="C.UTF-8",
+            ANSIBLE_CONFIG=str(REPO / "ansible" / "ansible.cfg"),
+            ANSIBLE_VAULT_PASSWORD_FILE=str(self.state_dir / "inventory" / "vault-pass"),
+            ANSIBLE_NOCOLOR="1",
+            TESTBED_LAB_NAME=RUN_LAB,
+        )
+
+    def tool(self, name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BIN / name), *args],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            cwd=REPO,
+            timeout=timeout,
+        )
+
+    def play(self, *args: str) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, int]]]:
+        res = self.tool("ansible-playbook", "-i", str(self.inventory), "ansible/site.yml", *args)
+        recap = {
+            m[0]: dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m[1:])))
+            for m in RECAP.findall(res.stdout)
+        }
+        assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-2000:]
+        assert set(recap) == HOSTS, recap
+        assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in recap.values()), recap
+        return res, recap
+
+    def upper(self, host: str, path: str) -> Path:
+        """A file host `host` wrote at `path`, as this machine sees it (its root's upper layer)."""
+        return self.state_dir / "roots" / host / "upper" / path.lstrip("/")
+
+
+def netns(host: str) -> str:
+    return f"tb-{NAME}-{host}"
+
+
+def ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout
+
+
+def leftovers(state_dir: Path) -> list[str]:
+    """What of the lab remains: its namespaces, and processes rooted in its hosts' roots."""
+    left = [n.split()[0] for n in ip("netns", "list").splitlines() if n.startswith(f"tb-{NAME}-")]
+    roots = str(state_dir / "roots")
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.readlink(proc / "root").startswith(roots):
+                left.append(f"pid {proc.name}")
+        except OSError:
+            continue
+    return left
+
+
+@pytest.fixture(scope="module")
+def rh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
+    require_root_netns()
+    from testbed.labs import LabSetup
+
+    state_dir = LabSetup.build(name=NAME).resolved_state_dir().resolve()
+    lab = Rehearsal(state_dir, tmp_path_factory.mktemp("rehearsal") / "results")
+    up = lab.tool("testbed", "lab", "up", "--kind", "rehearsal", "--name", NAME,
+                  "--subnet", SUBNET)  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        yield lab
+    finally:
+        if leftovers(state_dir) or state_dir.exists():
+            lab.tool("testbed", "lab", "down", "--name", NAME)
+        shutil.rmtree(LabSetup.build(name=RUN_LAB).resolved_state_dir(), ignore_errors=True)
+
+
+def test_up_is_one_command_and_the_lab_is_offline(rh: Rehearsal) -> None:
+    assert rh.inventory.is_file() and "$ANSIBLE_VAULT" in rh.inventory.read_text()
+    for host in HOSTS:
+        assert ip("-n", netns(host), "route", "show", "default").strip() == "", host
+    # the link segment is cabled, not bridged: the site playbook's middlebox role bridges it
+    assert "br0" not in ip("-n", netns("mbox"), "-o", "link", "show")
+    graph = rh.tool("ansible-inventory", "-i", str(rh.inventory), "--graph")
+    assert graph.returncode == 0 and "@pi5:" in graph.stdout, graph.stderr
+    ping = rh.tool("ansible", "-i", str(rh.inventory), "all", "-m", "ping")
+    assert ping.returncode == 0 and ping.stdout.count("SUCCESS") == len(HOSTS), ping.stdout
+
+
+def test_site_playbook_check_mode(rh: Rehearsal) -> None:
+    _, recap = rh.play("--check")
+    assert all(r["changed"] > 0 for r in recap.values()), recap
+    assert not rh.upper("pi5-1", "/home/pi/edge-testbed/facts/models.json").exists()
+
+
+def test_site_playbook_provisions(rh: Rehearsal) -> None:
+    rh.play()
+    homes = {"pi5-1": "/home/pi", "jetson-1": "/home/nvidia", "a100": "/srv"}
+    for host, home in homes.items():
+        work = f"{home}/edge-testbed"
+        facts = rh.upper(host, f"{work}/facts/models.json")
+        assert facts.is_file(), facts
+        assert rh.upper(host, f"{work}/lab.key").stat().st_mode & 0o777 == 0o600
+    ports = ip("-n", netns("mbox"), "-o", "link", "show", "master", "br0")
+    assert all(p in ports for p in ("eth1", "wlan1", "wlan2", "wlan3")), ports
+    served = rh.upper("ctl", "/etc/chrony/conf.d/edge-lab-server.conf").read_text()
+    assert f"allow {SUBNET}" in served and "local stratum 10" in served, served
+    apt = rh.upper("pi5-1", "/etc/apt/edge-lab-mirror.list").read_text()
+    assert apt.startswith("deb [trusted=yes] http://10.98.0.2:8000/debs"), apt
+
+
+def test_site_playbook_again_changes_nothing(rh: Rehearsal) -> None:
+    _, recap = rh.play()
+    assert all(r["changed"] == 0 for r in recap.values()), recap
+
+
+def test_smoke_run_on_the_inventory(rh: Rehearsal) -> None:
+    res = rh.tool("testbed", "run", "experiments/smoke.yaml", "--inventory", str(rh.inventory),
+                  "--out", str(rh.out), timeout=900)  # fmt: skip
+    said = res.stdout + res.stderr
+    assert res.returncode == 0, said[-5000:]
+    assert "dev1 -> pi5-1" in " ".join(said.split()), said[-5000:]
+    runs = sorted(rh.out.iterdir())
+    assert len(runs) == 1, runs
+    rh.run_dir = runs[0]
+    journal = [json.loads(line) for line in (rh.run_dir / "journal.jsonl").read_text().splitlines()]
+    status = {j["condition"]: j["status"] for j in journal}
+    assert len(status) == 3 and set(status.values()) == {"done"}, journal
+    manifest = json.loads((rh.run_dir / "manifest.json").read_text())
+    assert set(manifest["lab"]["from_facts"]) >= {"a100", "pi5-1", "pi5-2"}, manifest["lab"]
+
+
+def test_report_and_dashboard(rh: Rehearsal) -> None:
+    assert rh.run_dir is not None, "the smoke run did not finish"
+    report = rh.tool("testbed", "report", str(rh.run_dir))
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert (rh.run_dir / "report" / "report.md").is_file()
+    dash = rh.tool("testbed", "dashboard", str(rh.out))
+    assert dash.returncode == 0, dash.stderr[-3000:]
+    assert (rh.out / "index.html").is_file() and (rh.run_dir / "dashboard.html").is_file()
+
+
+def test_device_lost_mid_run(rh: Rehearsal, tmp_path: Path) -> None:
+    """pi5-2 unplugged while the first condition's agents run: the run goes on, the next
+    condition runs on pi5-1 alone, and pi5-2's absence is recorded."""
+    from testbed.labs.rehearsal import RehearsalLab
+
+    pb = yaml.safe_load((REPO / "experiments" / "smoke.yaml").read_text())
+    pb["name"] = "device-lost"
+    pb["topology"] = str(REPO / "topologies" / "star.yaml")
+    pb["workload"] |= {"problems_per_device": 1, "max_new_tokens": 16}
+    pb["sweep"] = {"link.loss": [0.0, 0.05]}
+    playbook = tmp_path / "device-lost.yaml"
+    playbook.write_text(yaml.safe_dump(pb))
+    out = rh.out.parent / "lost"
+    argv = [str(BIN / "testbed"), "run", str(playbook), "--inventory", str(rh.inventory),
+            "--out", str(out)]  # fmt: skip
+    env = rh.env() | {"COLUMNS": "200"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=REPO)  # fmt: skip
+    said, unplugged, t0 = [], False, time.monotonic()
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        said.append(line)
+        if not unplugged and "c00" in line and "starting 2 device agents" in line:
+            RehearsalLab.load(rh.state_dir).unplug("pi5-2")
+            unplugged = True
+        assert time.monotonic() - t0 < 300, "".join(said)[-3000:]
+    assert proc.wait(timeout=60) in (0, 6) and unplugged, "".join(said)[-4000:]
+    (run,) = out.iterdir()
+    journal = [json.loads(line) for line in (run / "journal.jsonl").read_text().splitlines()]
+    assert [j["condition"][:3] for j in journal] == ["c00", "c01"], journal
+    after = journal[1]
+    assert after["status"] == "done", after
+    assert after["devices"] == ["pi5-1"] and set(after["lost"]) == {"pi5-2"}, after
+    lost = json.loads((run / "manifest.json").read_text())["lost_devices"]
+    assert lost["pi5-2"]["before"] == after["condition"], lost
+
+
+def test_down_leaves_nothing(rh: Rehearsal) -> None:
+    down = rh.tool("testbed", "lab", "down", "--name", NAME)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert leftovers(rh.state_dir) == []
+    assert not rh.state_dir.exists()
