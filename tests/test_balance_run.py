@@ -294,7 +294,9 @@ def test_users_of_a_device_cut_off_for_a_while_are_refused_or_late_never_lost(tm
     assert len(cut_off) >= 2
     assert (cut_off["attempts"] > 1).all()  # retried through the outage
     assert (cut_off["outcome"].isin(["refused", "done"])).all()
-    assert not cut_off["met"].any()  # none of them could make its deadline
+    # the link heals no earlier than 2.7 s: a user whose deadline ends before could not make it
+    doomed = cut_off[cut_off["send_s"] + cut_off["deadline_s"] < 0.2 + 2.5]
+    assert len(doomed) >= 1 and not doomed["met"].any(), cut_off
     refused = cut_off[cut_off["outcome"] == "refused"]
     assert refused["admission"].str.len().gt(10).all()  # with admission's reason
     dev2 = users[users["dev"] == "dev2"]

@@ -249,9 +249,11 @@ def test_provisioned_facts_fill_what_the_inventory_leaves_unset(
     from testbed.hosts.provisioned import with_provisioned_facts
 
     write_facts(hc, "dev1", models='{"draft_model": "/m/d.gguf", "draft_model_name": "x"}',
-                netem='{"backend": "userspace", "holder_path": "/b/tb-holder"}')  # fmt: skip
+                netem='{"backend": "userspace", "holder_path": "/b/tb-holder"}',
+                host='{"host": "dev1"}')  # fmt: skip
     write_facts(hc, "dev2", models='{"draft_model": "/m/d2.gguf"}',
-                netem='{"backend": "userspace", "holder_path": "/b/tb-holder"}')  # fmt: skip
+                netem='{"backend": "userspace", "holder_path": "/b/tb-holder"}',
+                host='{"host": "dev2"}')  # fmt: skip
     dev2 = hc.inventory.host("dev2")
     own = dev2.model_copy(update={"vars": {**dev2.vars, "draft_model": "/mine/d.gguf"}})
     inv = hc.inventory.model_copy(
@@ -266,7 +268,7 @@ def test_provisioned_facts_fill_what_the_inventory_leaves_unset(
     assert got.inventory.host("dev1").vars["draft_model"] == "/m/d.gguf"
     assert got.inventory.host("dev2").vars["draft_model"] == "/mine/d.gguf"
     assert got.inventory.host("server").vars == hc.inventory.host("server").vars
-    assert got.missing == {"server": ["facts/models.json", "facts/netem.json"]}
+    assert got.missing == {"server": ["facts/models.json", "facts/netem.json", "facts/host.json"]}
 
 
 def test_bad_facts_name_host_file_and_key(hc: HostControl, facts_folders: None) -> None:
