@@ -213,7 +213,7 @@ def test_start_and_stop_on_every_device(hc: HostControl) -> None:
     assert not any(hc.is_alive(p) for p in procs.values())
 
 
-def write_facts(hc: HostControl, host: str, **files: str) -> Path:
+def write_facts(hc: HostControl, host: str, /, **files: str) -> Path:
     """Facts files (name -> text) in `host`'s facts folder, as the site playbook leaves them;
     returns the folder."""
     folder = Path(hc.inventory.host(host).workdir) / "facts"
