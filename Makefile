@@ -32,10 +32,10 @@ setup: system-packages $(STAMP)
 
 # Debian/Ubuntu packages the lab needs: sshd per emulated host, netfilter tools and the
 # NFQUEUE library for the packet holder, a compiler and cmake for llama.cpp, chromium for the
-# dashboard tests.
+# dashboard tests, sudo for the rehearsal lab's login users (tests/test_rehearsal.py).
 APT_PACKAGES := openssh-server iptables nftables iproute2 ethtool libnetfilter-queue-dev \
 	libnfnetlink-dev build-essential cmake procps mininet \
-	chromium
+	chromium sudo
 
 system-packages:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
