@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Self
 
 from pydantic import BaseModel
 
@@ -84,6 +84,39 @@ class EmulatedLab:
     # --- lifecycle -------------------------------------------------------------------------
 
     @classmethod
+    def _begin(
+        cls,
+        setup: LabSetup,
+        runner: SystemRunner,
+        hosts: list[LabHost],
+        support_hosts: list[LabHost],
+        inventory: str,
+        persistent: bool,
+    ) -> tuple[Self, sshd.LabKeys]:
+        """The lab's state before anything is made: its hosts, keys and inventory path under
+        the state folder; the name checked free and, unless `persistent` (or a dry run),
+        claimed by this process (`owner`)."""
+        state_dir = setup.resolved_state_dir().resolve()
+        keys = sshd.LabKeys.under(state_dir)
+        state = LabState(
+            setup=setup,
+            state_dir=state_dir,
+            hosts=hosts,
+            support_hosts=support_hosts,
+            controller_ip=setup.controller_ip(),
+            controller_link=naming.controller_link(setup.name),
+            bridge_netns=naming.bridge_netns(setup.name),
+            client_key=keys.client_key,
+            inventory=state_dir / inventory,
+            created_at=time.time(),
+        )
+        lab = cls(state, runner)
+        lab._check_free()
+        if not (runner.dry_run or persistent):
+            owner.claim(setup.name)
+        return lab, keys
+
+    @classmethod
     def up(
         cls,
         setup: LabSetup,
@@ -101,22 +134,9 @@ class EmulatedLab:
         if not runner.dry_run:
             require_root()
         state_dir = setup.resolved_state_dir().resolve()
-        keys = sshd.LabKeys.under(state_dir)
-        state = LabState(
-            setup=setup,
-            state_dir=state_dir,
-            hosts=setup.plan(state_dir),
-            controller_ip=setup.controller_ip(),
-            controller_link=naming.controller_link(setup.name),
-            bridge_netns=naming.bridge_netns(setup.name),
-            client_key=keys.client_key,
-            inventory=state_dir / INVENTORY_FILE,
-            created_at=time.time(),
-        )
-        lab = cls(state, runner)
-        lab._check_free()
-        if not (runner.dry_run or persistent):
-            owner.claim(setup.name)
+        lab, keys = cls._begin(setup, runner, setup.plan(state_dir), [], INVENTORY_FILE,
+                               persistent)  # fmt: skip
+        state = lab.state
         t0 = time.monotonic()
         try:
             runner.remove_tree(lab.runtime_dir)  # stale state of an earlier lab of that name

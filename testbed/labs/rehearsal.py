@@ -49,7 +49,7 @@ import yaml
 
 from testbed.core.errors import LabError
 from testbed.hosts.mirror import build_mirror
-from testbed.labs import naming, owner, sshd
+from testbed.labs import naming, sshd
 from testbed.labs.emulated import EmulatedLab
 from testbed.labs.rootfs import (
     SSHD_PID,
@@ -61,7 +61,6 @@ from testbed.labs.rootfs import (
 )
 from testbed.labs.rootfs import sshd_config as rootfs_sshd_config
 from testbed.labs.setup import LabHost, LabSetup
-from testbed.labs.state import LabState
 from testbed.labs.system import SystemRunner, require_root
 from testbed.topo.profile import LinkProfile
 from testbed.topo.topology import Topology
@@ -142,26 +141,15 @@ class RehearsalLab(EmulatedLab):
             raise LabError("lab kind rehearsal has no dry run: it boots hosts to rehearse on")
         require_root()
         setup = setup.model_copy(update={"topology": rehearsal_topology()})
-        state_dir = setup.resolved_state_dir().resolve()
-        keys = sshd.LabKeys.under(state_dir)
         lan = setup.subnet
         hosts = [_lab_host(setup.name, m, lan) for m in MACHINES]
-        state = LabState(
-            setup=setup,
-            state_dir=state_dir,
-            hosts=[h for h in hosts if h.role in ("server", "device")],
-            support_hosts=[h for h in hosts if h.role not in ("server", "device")],
-            controller_ip=setup.controller_ip(),
-            controller_link=naming.controller_link(setup.name),
-            bridge_netns=naming.bridge_netns(setup.name),
-            client_key=keys.client_key,
-            inventory=state_dir / INVENTORY,
-            created_at=time.time(),
-        )
-        lab = cls(state, runner)
-        lab._check_free()
-        if not persistent:
-            owner.claim(setup.name)
+        lab, keys = cls._begin(
+            setup, runner,
+            [h for h in hosts if h.role in ("server", "device")],
+            [h for h in hosts if h.role not in ("server", "device")],
+            INVENTORY, persistent,
+        )  # fmt: skip
+        state, state_dir = lab.state, lab.state.state_dir
         t0 = time.monotonic()
         try:
             runner.remove_tree(lab.runtime_dir)

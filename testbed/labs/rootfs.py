@@ -30,6 +30,8 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testbed.labs.sshd import sshd_text
+
 PROJECT = "edge-spec-testbed"
 SSHD_DIR = "/etc/ssh/edge-lab"
 SSHD_PID = f"{SSHD_DIR}/sshd.pid"
@@ -173,24 +175,8 @@ def boot_script(root: HostRoot, boot: Boot) -> str:
 def sshd_config(address: str, port: int) -> str:
     """The host's sshd: its management address, the key in the login user's home, key login
     only; its pid file where the machine can read it (the upper layer)."""
-    return "\n".join(
-        [
-            f"ListenAddress {address}:{port}",
-            f"PidFile {SSHD_PID}",
-            f"HostKey {SSHD_DIR}/host_ed25519",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password",
-            "UsePAM no",
-            "StrictModes no",
-            "UseDNS no",
-            "PrintMotd no",
-            "X11Forwarding no",
-            "Subsystem sftp internal-sftp",
-            "MaxStartups 200",
-            "MaxSessions 200",
-            "LogLevel ERROR",
-            "",
-        ]
+    return sshd_text(
+        f"ListenAddress {address}:{port}",
+        f"PidFile {SSHD_PID}",
+        f"HostKey {SSHD_DIR}/host_ed25519",
     )

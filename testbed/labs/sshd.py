@@ -60,29 +60,36 @@ def config_path(state_dir: Path, lab: str, host: LabHost) -> Path:
     return state_dir / "sshd" / f"{naming.netns_prefix(lab)}{host.name}-sshd.conf"
 
 
+KEY_LOGIN_ONLY = (
+    "PermitRootLogin prohibit-password",
+    "PubkeyAuthentication yes",
+    "PasswordAuthentication no",
+    "KbdInteractiveAuthentication no",
+    "UsePAM no",
+    "StrictModes no",
+    "UseDNS no",
+    "PrintMotd no",
+    "X11Forwarding no",
+    "Subsystem sftp internal-sftp",
+    "MaxStartups 200",
+    "MaxSessions 200",
+    "LogLevel ERROR",
+)
+"""The sshd settings every emulated host shares: key login only, no PAM, many sessions."""
+
+
+def sshd_text(*own: str) -> str:
+    """An sshd_config: the host's own lines (address, pid file, keys), then KEY_LOGIN_ONLY."""
+    return "\n".join([*own, *KEY_LOGIN_ONLY, ""])
+
+
 def render_config(host: LabHost, port: int, keys: LabKeys, pid_file: Path) -> str:
     """sshd_config for one host: its own address, pid file and keys; key login only."""
-    return "\n".join(
-        [
-            f"ListenAddress {host.ip}:{port}",
-            f"PidFile {pid_file}",
-            f"HostKey {keys.host_key}",
-            f"AuthorizedKeysFile {keys.authorized_keys}",
-            "PermitRootLogin prohibit-password",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            "StrictModes no",
-            "UseDNS no",
-            "PrintMotd no",
-            "X11Forwarding no",
-            "Subsystem sftp internal-sftp",
-            "MaxStartups 200",
-            "MaxSessions 200",
-            "LogLevel ERROR",
-            "",
-        ]
+    return sshd_text(
+        f"ListenAddress {host.ip}:{port}",
+        f"PidFile {pid_file}",
+        f"HostKey {keys.host_key}",
+        f"AuthorizedKeysFile {keys.authorized_keys}",
     )
 
 

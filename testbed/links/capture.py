@@ -36,7 +36,7 @@ from testbed.labs.interface import LinkSite
 from testbed.labs.setup import LabHost
 from testbed.links.expect import LinkClock, Quantiles, phase_at
 from testbed.links.model import REPLICAS, Leg, hold
-from testbed.links.probe import link_clock, probe_packets
+from testbed.links.probe import ended_output, link_clock, probe_packets
 from testbed.topo.profile import LinkProfile
 from testbed.topo.schedule import timeline
 
@@ -235,11 +235,7 @@ def capture_link(
         raw = probe_packets(lab, dev, profile, count=count, interval_ms=interval_ms)
     finally:
         sniffer.send_signal(signal.SIGTERM)
-        try:
-            told, _ = sniffer.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            sniffer.kill()
-            told, _ = sniffer.communicate()
+        told = ended_output(sniffer, 60)
     try:
         said = json.loads(told.decode().strip().splitlines()[-1])
         dropped = {str(k): int(v) for k, v in said["dropped"].items()}

@@ -237,6 +237,17 @@ def probe_argv(lab: LinkSite, host: str) -> list[str]:
     return [lab.agent_python(host), *PROBE_MODULE]
 
 
+def ended_output(proc: subprocess.Popen, timeout_s: float) -> bytes:
+    """What a reporting process (told to end) printed: its stdout once it exits, killed if
+    it has not within `timeout_s`."""
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out or b""
+
+
 def held_after_kernel_stamp(lab: LinkSite) -> bool:
     """Whether packets are held after the kernel stamped their arrival: a lab impaired on its
     hosts by the packet holder holds them on the receiver's ingress (netem on the hosts holds
@@ -381,11 +392,7 @@ def probe_packets(
         assert echo.stdin is not None
         echo.stdin.close()  # the responder's end of input (over SSH too): it reports and ends
         echo.stdin = None  # closed: communicate() only reads
-        try:
-            out, _ = echo.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            echo.kill()
-            out, _ = echo.communicate()
+        out = ended_output(echo, 10)
     try:
         told = json.loads(out.decode().strip().splitlines()[-1])
         at_server = told["received"]
