@@ -28,11 +28,24 @@ def capacity(
     folder = out or results_dir() / f"capacity-{playbook.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     with exit_codes():
         result = run_capacity(playbook, rate, folder, low, high, say=typer.echo, mode=mode)
-    typer.echo(f"{'devices':>8} {'min verified tok/s per device':>30}")
-    for n, figure in sorted(result.measured.items()):
+    saved = json.loads((folder / "capacity.json").read_text())
+    typer.echo(f"{'devices':>8} {'min verified tok/s per device':>30} {'dilation':>9}")
+    for probe in sorted(saved["probes"], key=lambda p: p["devices"]):
+        n, figure = probe["devices"], probe["figure"]
         shown = "-" if figure is None else f"{figure:.2f}"
-        typer.echo(f"{n:>8} {shown:>30}{'  keeps' if result.keeps(n) else ''}")
+        dilation = "-" if probe["time_dilation"] is None else f"x{probe['time_dilation']:g}"
+        flags = ("  keeps" if result.keeps(n) else "") + (
+            "" if probe["faithful"] else "  unfaithful"
+        )
+        typer.echo(f"{n:>8} {shown:>30} {dilation:>9}{flags}")
     typer.echo(f"capacity at {rate} tok/s: {result.capacity} devices ({folder}/capacity.json)")
-    paper = json.loads((folder / "capacity.json").read_text()).get("paper")
+    if not saved["faithful"]:
+        typer.echo(
+            "unfaithful: some probes' forwards ran behind the hardware they stand for; "
+            "rerun with a larger lab.time_dilation (or auto)"
+        )
+    paper = saved.get("paper")
     if paper:
         typer.echo(f"paper: {paper['label']}: {paper['value']:g} devices ({paper['source']})")
+        if paper.get("why"):
+            typer.echo(f"why they differ: {paper['why']}")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from testbed.report.capacity_searches import HEADERS as CAPACITY_HEADERS
+from testbed.report.capacity_searches import capacity_rows, capacity_searches
 from testbed.report.charts import Chart, Series, Skipped
 from testbed.report.compare import Tolerances, Verdict, compare_runs
 from testbed.report.data import RunData
@@ -187,8 +189,11 @@ def history_charts(entries: list[RunEntry], metrics: list[str]) -> list[Chart]:
     return charts
 
 
-def index_page(entries: list[RunEntry], metrics: list[str]) -> str:
-    """The page over every run of a results folder, with the history of `metrics`."""
+def index_page(
+    entries: list[RunEntry], metrics: list[str], searches: list[dict] | None = None
+) -> str:
+    """The page over every run of a results folder, with the history of `metrics` and the
+    folder's capacity searches."""
     rows = []
     for n, e in enumerate(entries, start=1):
         df = e.run.conditions
@@ -218,6 +223,14 @@ def index_page(entries: list[RunEntry], metrics: list[str]) -> str:
             "<th>against the previous run of its playbook</th></tr>",
             *rows,
             "</table>",
+            *(
+                [
+                    "<h2>Capacity searches</h2>",
+                    html_table(CAPACITY_HEADERS, capacity_rows(searches), table_id="capacity"),
+                ]
+                if searches
+                else []
+            ),
             "<h2>History</h2><div class='charts'>",
             *map(_figure, charts),
             "</div>",
@@ -237,5 +250,6 @@ def write_index(results: Path, runs: list[RunData], tolerances: Tolerances) -> P
     history of every metric the tolerances judge (plus the system throughputs)."""
     metrics = [*HISTORY_EXTRA, *(m for m in tolerances.metrics if m not in HISTORY_EXTRA)]
     path = Path(results) / INDEX_PAGE
-    path.write_text(index_page(index_entries(runs, tolerances), metrics), encoding="utf-8")
+    page = index_page(index_entries(runs, tolerances), metrics, capacity_searches(results))
+    path.write_text(page, encoding="utf-8")
     return path

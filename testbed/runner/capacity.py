@@ -3,6 +3,8 @@
 Each probe is a whole run of the playbook (which must name one condition) with `lab.devices`
 set to the probed count, written under one capacity folder; its figure is the condition's
 `device_verified_tok_s_min` (see `testbed.metrics.capacity` for the definition).
+`capacity.json` keeps every probe with its run, its time dilation and whether its compute was
+faithful; a capacity decided by an unfaithful probe is marked so (`faithful: false`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def run_capacity(
         )
     base = pb.model_dump(mode="json")
     out.mkdir(parents=True, exist_ok=True)
+    probes: list[dict[str, object]] = []
 
     def measure(devices: int) -> float | None:
         data = copy.deepcopy(base)
@@ -56,9 +59,19 @@ def run_capacity(
         say(f"capacity probe: {devices} devices")
         outcome = execute(path, out=out / "runs", say=say)
         entries = RunStore(outcome.store.root).journal() if outcome.store else []
-        metrics = entries[0].get("metrics") or {} if entries else {}
+        entry = entries[0] if entries else {}
+        metrics = entry.get("metrics") or {}
         figure = metrics.get("device_verified_tok_s_min")
-        say(f"capacity probe: {devices} devices -> min verified {figure} tok/s per device")
+        probe = {
+            "devices": devices, "figure": figure,
+            "faithful": metrics.get("compute_faithful", True) is not False,
+            "behind_share": metrics.get("behind_share"),
+            "time_dilation": (entry.get("link") or {}).get("time_dilation"),
+            "run": str(outcome.store.root.relative_to(out)) if outcome.store else None,
+        }  # fmt: skip
+        probes.append(probe)
+        note = "" if probe["faithful"] else " (unfaithful: forwards behind their hardware)"
+        say(f"capacity probe: {devices} devices -> min verified {figure} tok/s per device{note}")
         return figure
 
     result = capacity_search(measure, rate, low, high)
@@ -66,7 +79,8 @@ def run_capacity(
         out / "capacity.json",
         {"playbook": str(playbook), "rate": rate, "capacity": result.capacity,
          "measured": result.measured, "figure": "device_verified_tok_s_min",
-         "mode": pb.mode, "paper": paper_capacity(pb)},
+         "mode": pb.mode, "paper": paper_capacity(pb),
+         "faithful": all(p["faithful"] for p in probes), "probes": probes},
     )  # fmt: skip
     return result
 

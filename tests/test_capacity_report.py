@@ -1,0 +1,79 @@
+"""Capacity searches keep each probe's faithfulness and dilation, and the dashboard's index
+lists every search with the paper's figure. The probes' runs are stand-ins here (a server of
+100 verified tok/s whose forwards fall behind above 10 devices); tests/test_capacity_live.py
+runs real ones."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from testbed.config.playbook import load_playbook
+from testbed.core.errors import BadInputError
+from testbed.report.capacity_searches import capacity_rows, capacity_searches
+from testbed.report.dashboard import index_page
+from testbed.results.store import RunStore
+from testbed.runner import capacity as capacity_module
+from testbed.runner.run import RunOutcome
+
+
+def probe_run(path, out, say):
+    pb = load_playbook(path)
+    n = pb.lab.devices
+    store = RunStore(out / pb.name)
+    store.create({"run_id": pb.name})
+    metrics = {"device_verified_tok_s_min": 100 / n, "compute_faithful": n <= 10,
+               "behind_share": 0.0 if n <= 10 else 0.05}  # fmt: skip
+    store.commit("c00", store.staging("c00"), {"condition": "c00", "index": 0, "status": "done",
+                 "link": {"time_dilation": 2.0}, "metrics": metrics})  # fmt: skip
+    return RunOutcome(store, 1, 0, 0)
+
+
+@pytest.fixture
+def searched(tmp_path, monkeypatch):
+    monkeypatch.setattr(capacity_module, "execute", probe_run)
+    playbook = tmp_path / "pb.yaml"
+    playbook.write_text(
+        "name: cap\ntopology: topologies/star.yaml\npaper:\n  source: a paper\n  figures:\n"
+        "    - {label: capacity, metric: capacity, value: 7, where: {mode: sled},"
+        " why: 'a measured reason'}\n"
+    )
+    results = tmp_path / "results"
+    result = capacity_module.run_capacity(
+        playbook, 7.0, results / "capacity-pb-1", 1, 32, say=lambda _: None
+    )
+    return results, result
+
+
+def test_capacity_json_keeps_every_probe_with_its_faithfulness_and_dilation(searched):
+    results, result = searched
+    saved = json.loads((results / "capacity-pb-1" / "capacity.json").read_text())
+    assert saved["capacity"] == result.capacity == 14
+    by_n = {p["devices"]: p for p in saved["probes"]}
+    assert set(by_n) == set(result.measured)
+    assert by_n[8]["faithful"] and not by_n[14]["faithful"]
+    assert saved["faithful"] is False  # the deciding probes ran behind
+    assert {p["time_dilation"] for p in saved["probes"]} == {2.0}
+    assert (results / "capacity-pb-1" / by_n[14]["run"] / "journal.jsonl").is_file()
+
+
+def test_index_lists_capacity_searches_beside_the_paper(searched):
+    results, _ = searched
+    searches = capacity_searches(results)
+    [row] = capacity_rows(searches)
+    assert row[:5] == ["capacity-pb-1", "sled", "7", "14", "no"]
+    assert "14: 7.1 (unfaithful)" in row[5] and "8: 12.5," in row[5]
+    assert row[6:] == ["7", "2.00", "a measured reason"]
+    page = index_page([], [], searches)
+    assert "<h2>Capacity searches</h2>" in page and "a measured reason" in page
+
+
+def test_a_broken_capacity_file_is_named(tmp_path):
+    (tmp_path / "capacity-x").mkdir()
+    (tmp_path / "capacity-x" / "capacity.json").write_bytes(b"\xff\x00{")
+    with pytest.raises(BadInputError, match="capacity-x/capacity.json"):
+        capacity_searches(tmp_path)
+    (tmp_path / "capacity-x" / "capacity.json").write_text("[1, 2]")
+    with pytest.raises(BadInputError, match="expected keys rate, capacity and mode"):
+        capacity_searches(tmp_path)
