@@ -42,6 +42,7 @@ class ConditionFolder:
     inputs/             what the agents were given (problems, emulation documents, users)
     hosts/<host>/       each agent's records, status and log as fetched
     pilots/x<N>/        the pilots of `lab.time_dilation: auto`, each a condition folder
+    tries/x<N>/         auto: a whole try of the condition that ran behind at dilation N
     error.txt           the traceback of a failed condition
     """
 
@@ -74,6 +75,16 @@ class ConditionFolder:
     def file(self, name: str) -> Path:
         """Another file of the condition (e.g. BALANCE's cost-model.json)."""
         return self.root / name
+
+    def set_aside(self, dilation: float) -> Path:
+        """Move the condition's files (all but its pilots and earlier tries) to `tries/x<N>/`,
+        leaving the folder ready for another try; the folder they went to."""
+        dest = self.root / "tries" / f"x{dilation:g}"
+        dest.mkdir(parents=True, exist_ok=False)
+        for path in list(self.root.iterdir()):
+            if path.name not in ("pilots", "tries"):
+                path.rename(dest / path.name)
+        return dest
 
     def pilot(self, dilation: float) -> ConditionFolder:
         """The folder of the pilot at `dilation` (made if missing)."""

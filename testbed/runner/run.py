@@ -45,7 +45,7 @@ from testbed.runner.context import RunContext, condition_devices
 from testbed.runner.emulation import check_emulation, time_dilation
 from testbed.runner.models import resolve_models
 from testbed.runner.modes import condition_runner
-from testbed.runner.pilot import at_dilation, choose_dilation
+from testbed.runner.pilot import at_dilation, run_dilated
 from testbed.runner.reference import target_answers
 from testbed.topo.topology import Topology
 
@@ -285,9 +285,9 @@ def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
             raise LabError(f"no device left to run on (lost: {', '.join(ctx.lost)})")
         run = condition_runner(cond)
         if cond.playbook.lab.time_dilation == "auto":
-            dilation, base["pilots"] = choose_dilation(run, ctx, cond, staged, ctx.say)
-            cond = at_dilation(cond, dilation)
-        result = run(ctx, cond, staged)
+            result, base["pilots"] = run_dilated(run, ctx, cond, staged, ctx.say)
+        else:
+            result = run(ctx, cond, staged)
     except Exception as exc:  # a failed condition is journaled; the sweep goes on
         reason = str(exc) if isinstance(exc, TestbedError) else f"{type(exc).__name__}: {exc}"
         staged.error.write_text(traceback.format_exc())
