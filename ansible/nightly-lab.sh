@@ -34,8 +34,10 @@ SKIP=()
 DRY_RUN=0
 PASSWORD_DIR=""
 RUN_DIR=""
+CURRENT=""  # the step running now
 FAILED_STEP=""
 FAILED_RC=0
+FINISHED=0
 
 usage() {
     cat <<EOF
@@ -83,6 +85,7 @@ skipped() {  # skipped STEP: whether --skip named it
 step() {  # step NAME COMMAND...: log the step and its command, run it, log how it ended
     local name=$1 start=$SECONDS rc=0 command
     shift
+    CURRENT=$name
     printf -v command '%q ' "$@"
     log "step $(number "$name") $name: ${command% }"
     ((DRY_RUN)) && return 0
@@ -102,12 +105,17 @@ failed() {  # failed STEP RC: keep the first failure
     fi
 }
 
+announce() {  # announce STEP RC: the step the script failed at
+    log "FAILED at step $1 (exit $2)"
+    if [[ ${GITHUB_ACTIONS:-} == true ]]; then
+        echo "::error::nightly-lab: step $1 failed (exit $2)"
+    fi
+}
+
 finish() {  # end the script: the first failed step named, its status the script's
+    FINISHED=1
     if [[ -n $FAILED_STEP ]]; then
-        log "FAILED at step $FAILED_STEP (exit $FAILED_RC)"
-        if [[ ${GITHUB_ACTIONS:-} == true ]]; then
-            echo "::error::nightly-lab: step $FAILED_STEP failed (exit $FAILED_RC)"
-        fi
+        announce "$FAILED_STEP" "$FAILED_RC"
         exit "$FAILED_RC"
     fi
     if ((DRY_RUN)); then
@@ -120,6 +128,11 @@ finish() {  # end the script: the first failed step named, its status the script
 
 # shellcheck disable=SC2329  # the EXIT trap's
 cleanup() {
+    local rc=$?
+    # an exit other than finish's (an error of the script's own, Ctrl-C, SIGTERM) in a step
+    if ((rc != 0 && !FINISHED)) && [[ -n $CURRENT ]]; then
+        announce "$CURRENT" "$rc"
+    fi
     if [[ -n $PASSWORD_DIR ]]; then
         rm -rf -- "$PASSWORD_DIR"
         log "vault: password file removed"
@@ -189,6 +202,7 @@ vault() {  # the vault password to a file of this run, for every later step
         return
     fi
     local parent=${RUNNER_TEMP:-${TMPDIR:-/tmp}}
+    CURRENT=vault
     log "step $(number vault) vault: the password to $parent/nightly-lab.XXXXXX/vault-pass" \
         "(mode 0600, removed on exit)"
     ((DRY_RUN)) && return
@@ -225,6 +239,7 @@ main() {
             { failed provision $? && finish; }
     fi
 
+    CURRENT=run
     ((DRY_RUN)) || mkdir -p "$RESULTS"
     before=$( ((DRY_RUN)) || run_folders)
     rc=0
