@@ -1,16 +1,19 @@
 """The hardware rehearsal: `docs/lab-bringup.md` walked step by step, in its order, on the
 rehearsal lab (testbed.labs.rehearsal: hosts named, reached and provisioned as a real lab's,
-each with its own root filesystem, a sudo login user and no route outside the lab).
+each with its own root filesystem, a sudo login user and no route outside the lab), then the
+nightly as the lab's runner runs it (`ansible/nightly-lab.sh`, docs/nightly.md).
 
     testbed lab up --kind rehearsal          one command, the inventory written
     ansible all -m ping                      section 3: Ansible reads the inventory and vault
-    ansible-playbook site.yml --check        section 4, then for real, then changed=0
-    testbed run smoke.yaml --inventory       section 5, every condition done
-    testbed report / testbed dashboard       the nightly's publishing steps
+    ansible-playbook site.yml --check        section 4, then for real
+    ansible/nightly-lab.sh --skip setup      the nightly: the vault password a file of the run,
+                                             site.yml a third time (changed=0), the smoke run
+                                             (section 5), report, compare, dashboard, last-good
+    ansible/nightly-lab.sh, wrong password   the failing step named, last-good kept
     a run with pi5-2 unplugged mid-run       it finishes; pi5-2's absence recorded
     testbed lab down                         nothing left: namespaces, mounts, processes
 
-One lab for the module, the tests in file order (each step needs the one before); about eight
+One lab for the module, the tests in file order (each step needs the one before); about nine
 minutes on two cores.
 """
 
@@ -41,10 +44,28 @@ HOSTS = {"ctl", "mbox", "a100", "pi5-1", "pi5-2", "jetson-1"}
 
 
 @dataclass
+class Night:
+    """One run of the nightly script: what it said, the temporary folder it was given, the
+    step outputs it wrote for the workflow."""
+
+    res: subprocess.CompletedProcess
+    temp: Path
+    outputs: Path
+
+    @property
+    def said(self) -> str:
+        return self.res.stdout + self.res.stderr
+
+    @property
+    def password_file(self) -> Path:
+        (written,) = re.findall(r"step vault: done: (\S+)", self.res.stdout)
+        return Path(written)
+
+
+@dataclass
 class Rehearsal:
     state_dir: Path
-    out: Path
-    run_dir: Path | None = None
+    out: Path  # the nightly's results folder
 
     @property
     def inventory(self) -> Path:
@@ -72,18 +93,39 @@ class Rehearsal:
 
     def play(self, *args: str) -> tuple[subprocess.CompletedProcess, dict[str, dict[str, int]]]:
         res = self.tool("ansible-playbook", "-i", str(self.inventory), "ansible/site.yml", *args)
-        recap = {
-            m[0]: dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m[1:])))
-            for m in RECAP.findall(res.stdout)
-        }
+        recap = play_recap(res.stdout)
         assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-2000:]
         assert set(recap) == HOSTS, recap
         assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in recap.values()), recap
         return res, recap
 
+    def nightly(self, tag: str, password: str, skip: str = "setup") -> Night:
+        """ansible/nightly-lab.sh on the lab's inventory, as the workflow runs it: the vault
+        password in LAB_VAULT_PASSWORD alone, its own temporary folder and step outputs; the
+        tools of this checkout's venv, so its setup step is skipped."""
+        temp, outputs = self.out.parent / f"{tag}-temp", self.out.parent / f"{tag}-outputs"
+        temp.mkdir()
+        env = {k: v for k, v in self.env().items() if not k.startswith("ANSIBLE_VAULT")}
+        env |= {"LAB_VAULT_PASSWORD": password, "RUNNER_TEMP": str(temp),
+                "GITHUB_OUTPUT": str(outputs), "COLUMNS": "200"}  # fmt: skip
+        res = subprocess.run(
+            [str(REPO / "ansible" / "nightly-lab.sh"), "--inventory", str(self.inventory),
+             "--results", str(self.out), "--venv", str(BIN.parent), "--skip", skip],
+            capture_output=True, text=True, env=env, cwd=REPO, timeout=1500,
+        )  # fmt: skip
+        return Night(res, temp, outputs)
+
     def upper(self, host: str, path: str) -> Path:
         """A file host `host` wrote at `path`, as this machine sees it (its root's upper layer)."""
         return self.state_dir / "roots" / host / "upper" / path.lstrip("/")
+
+
+def play_recap(said: str) -> dict[str, dict[str, int]]:
+    """ansible-playbook's PLAY RECAP: each host's ok, changed, unreachable and failed counts."""
+    return {
+        m[0]: dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m[1:])))
+        for m in RECAP.findall(said)
+    }
 
 
 def netns(host: str) -> str:
@@ -159,35 +201,67 @@ def test_site_playbook_provisions(rh: Rehearsal) -> None:
     assert apt.startswith("deb [trusted=yes] http://10.98.0.2:8000/debs"), apt
 
 
-def test_site_playbook_again_changes_nothing(rh: Rehearsal) -> None:
-    _, recap = rh.play()
-    assert all(r["changed"] == 0 for r in recap.values()), recap
+@pytest.fixture(scope="module")
+def night(rh: Rehearsal) -> Night:
+    """The nightly on the provisioned lab, with the lab's vault password."""
+    return rh.nightly("night", (rh.state_dir / "inventory" / "vault-pass").read_text().strip())
 
 
-def test_smoke_run_on_the_inventory(rh: Rehearsal) -> None:
-    res = rh.tool("testbed", "run", "experiments/smoke.yaml", "--inventory", str(rh.inventory),
-                  "--out", str(rh.out), timeout=900)  # fmt: skip
-    said = res.stdout + res.stderr
-    assert res.returncode == 0, said[-5000:]
-    assert "dev1 -> pi5-1" in " ".join(said.split()), said[-5000:]
-    runs = sorted(rh.out.iterdir())
+def test_nightly_provisions_again_changing_nothing(night: Night) -> None:
+    assert night.res.returncode == 0, night.said[-6000:]
+    recap = play_recap(night.res.stdout)
+    assert set(recap) == HOSTS, recap
+    assert all(r["changed"] == r["failed"] == r["unreachable"] == 0 for r in recap.values())
+
+
+def test_nightly_smoke_run_on_the_inventory(rh: Rehearsal, night: Night) -> None:
+    assert "dev1 -> pi5-1" in " ".join(night.said.split()), night.said[-5000:]
+    runs = [p for p in rh.out.iterdir() if p.is_dir() and not p.is_symlink()]
     assert len(runs) == 1, runs
-    rh.run_dir = runs[0]
-    journal = [json.loads(line) for line in (rh.run_dir / "journal.jsonl").read_text().splitlines()]
+    (run,) = runs
+    journal = [json.loads(line) for line in (run / "journal.jsonl").read_text().splitlines()]
     status = {j["condition"]: j["status"] for j in journal}
     assert len(status) == 3 and set(status.values()) == {"done"}, journal
-    manifest = json.loads((rh.run_dir / "manifest.json").read_text())
+    manifest = json.loads((run / "manifest.json").read_text())
     assert set(manifest["lab"]["from_facts"]) >= {"a100", "pi5-1", "pi5-2"}, manifest["lab"]
+    assert night.outputs.read_text() == f"run_dir={run}\n"  # what the workflow uploads
 
 
-def test_report_and_dashboard(rh: Rehearsal) -> None:
-    assert rh.run_dir is not None, "the smoke run did not finish"
-    report = rh.tool("testbed", "report", str(rh.run_dir))
-    assert report.returncode == 0, report.stderr[-3000:]
-    assert (rh.run_dir / "report" / "report.md").is_file()
-    dash = rh.tool("testbed", "dashboard", str(rh.out))
-    assert dash.returncode == 0, dash.stderr[-3000:]
-    assert (rh.out / "index.html").is_file() and (rh.run_dir / "dashboard.html").is_file()
+def test_nightly_reports_publishes_and_records_the_last_good_run(
+    rh: Rehearsal, night: Night
+) -> None:
+    run = Path(night.outputs.read_text().strip().removeprefix("run_dir="))
+    assert (run / "report" / "report.md").is_file()
+    assert (rh.out / "index.html").is_file() and (run / "dashboard.html").is_file()
+    assert "no last good run yet: this run becomes the baseline" in night.res.stdout
+    last_good = rh.out / "last-good"
+    assert last_good.is_symlink() and os.readlink(last_good) == run.name
+    assert f"nightly: passed: {run}" in night.res.stdout
+
+
+def test_nightly_keeps_the_vault_password_for_the_run_only(rh: Rehearsal, night: Night) -> None:
+    """Provision and run both decrypted lab_protocol_key from the file the script wrote (the
+    environment named no other), and it is gone."""
+    assert night.password_file.parent.parent == night.temp
+    assert not night.password_file.exists()
+    assert not [p for p in night.temp.iterdir() if p.name.startswith("nightly-lab.")]
+    password = (rh.state_dir / "inventory" / "vault-pass").read_text().strip()
+    assert password not in night.said
+
+
+def test_nightly_names_a_failing_step(rh: Rehearsal, night: Night) -> None:
+    """A wrong vault password: the run step cannot decrypt lab_protocol_key; the script says
+    which step failed and ends with its status, last-good stays on the good run, and the
+    password file is gone."""
+    good = (rh.out / "last-good").resolve()
+    bad = rh.nightly("bad-night", "not the vault password", skip="setup,provision")
+    assert bad.res.returncode == 2, bad.said[-4000:]
+    assert "lab_protocol_key: cannot decrypt the vaulted value" in bad.res.stderr
+    assert "nightly: step run: FAILED (exit 2)" in bad.res.stdout
+    assert "nightly: FAILED at step run (exit 2)" in bad.res.stdout
+    assert "last-good: left as it was (step run failed)" in bad.res.stdout
+    assert (rh.out / "last-good").resolve() == good
+    assert not bad.password_file.exists()
 
 
 def test_device_lost_mid_run(rh: Rehearsal, tmp_path: Path) -> None:

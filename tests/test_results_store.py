@@ -120,6 +120,18 @@ def test_results_commands(runs, tmp_path, monkeypatch):
     assert result.exit_code == 0 and "verified tok/s" in result.output
 
 
+def test_a_link_to_a_run_is_not_another_run(runs, tmp_path):
+    """The nightly's `last-good` link beside the runs: the runs, the dashboard's and the
+    queries' alike, are each listed once."""
+    from testbed.report.data import run_folders as dashboard_runs
+
+    (tmp_path / "last-good").symlink_to("r2")
+    assert run_folders(tmp_path) == runs
+    assert [r.root for r in dashboard_runs(tmp_path)] == runs
+    _, rows = query(run_folders(tmp_path), "SELECT count(*) FROM runs")
+    assert rows == [(2,)]
+
+
 def test_atomic_replace_keeps_the_old_file_when_the_writer_fails(tmp_path):
     path = tmp_path / "t.parquet"
     path.write_bytes(b"old")

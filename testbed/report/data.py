@@ -17,6 +17,7 @@ import pandas as pd
 
 from testbed.core.errors import BadInputError
 from testbed.metrics.condition_stats import ConditionStats
+from testbed.results import store
 from testbed.results.condition_table import condition_frame
 from testbed.results.store import RunStore
 
@@ -130,5 +131,5 @@ def load_run(path: Path) -> RunData:
 
 def run_folders(results: Path) -> list[RunData]:
     """Every run folder directly under results, oldest first (by manifest time, then name)."""
-    runs = [RunData(p) for p in sorted(Path(results).iterdir()) if (p / "manifest.json").is_file()]
+    runs = [RunData(p) for p in store.run_folders(results)]
     return sorted(runs, key=lambda r: (str(r.manifest.get("created", "")), r.name))

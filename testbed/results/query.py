@@ -14,14 +14,13 @@ from pathlib import Path
 import duckdb
 
 from testbed.metrics.schemas import SCHEMAS
+from testbed.results import store
 from testbed.results.store import MANIFEST
 
 
 def run_folders(base: Path) -> list[Path]:
-    """Run folders (those with a manifest) under base, oldest first by name."""
-    if (base / MANIFEST).is_file():
-        return [base]
-    return sorted(p.parent for p in base.glob(f"*/{MANIFEST}"))
+    """base itself if it is a run folder, else the run folders under it, oldest first by name."""
+    return [base] if store.is_run(base) else store.run_folders(base)
 
 
 def _sql_list(paths: list[Path]) -> str:

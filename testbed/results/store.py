@@ -99,10 +99,11 @@ def is_run(path: Path) -> bool:
 
 
 def run_folders(results: Path) -> list[Path]:
-    """The run folders directly under `results`, by name."""
-    return (
-        [p for p in sorted(Path(results).iterdir()) if is_run(p)] if Path(results).is_dir() else []
-    )
+    """The run folders directly under `results`, by name. A link (the nightly's `last-good`)
+    names a run that is already there, so it is not another run."""
+    if not Path(results).is_dir():
+        return []
+    return [p for p in sorted(Path(results).iterdir()) if is_run(p) and not p.is_symlink()]
 
 
 class RunStore:
