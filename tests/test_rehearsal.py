@@ -6,6 +6,7 @@ nightly as the lab's runner runs it (`ansible/nightly-lab.sh`, docs/nightly.md).
     testbed lab up --kind rehearsal          one command, the inventory written
     ansible all -m ping                      section 3: Ansible reads the inventory and vault
     ansible-playbook site.yml --check        section 4, then for real
+    testbed run smoke.yaml --dry-run         section 5: every action printed, nothing changed
     ansible/nightly-lab.sh --skip setup      the nightly: the vault password a file of the run,
                                              site.yml a third time (changed=0), the smoke run
                                              (section 5), report, compare, dashboard, last-good
@@ -199,6 +200,17 @@ def test_site_playbook_provisions(rh: Rehearsal) -> None:
     assert f"allow {SUBNET}" in served and "local stratum 10" in served, served
     apt = rh.upper("pi5-1", "/etc/apt/edge-lab-mirror.list").read_text()
     assert apt.startswith("deb [trusted=yes] http://10.98.0.2:8000/debs"), apt
+
+
+def test_smoke_dry_run_prints_every_action_and_changes_nothing(rh: Rehearsal) -> None:
+    before = sorted(rh.out.parent.rglob("*"))
+    res = rh.tool("testbed", "run", "experiments/smoke.yaml", "--inventory", str(rh.inventory),
+                  "--out", str(rh.out), "--dry-run")  # fmt: skip
+    said = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == 0, said[-5000:]
+    assert "dry run of smoke: 3 conditions; nothing is changed" in said, said[-5000:]
+    assert "dev1 -> pi5-1" in said and "pi5-2" in said, said[-5000:]
+    assert sorted(rh.out.parent.rglob("*")) == before  # no run folder, nothing written
 
 
 @pytest.fixture(scope="module")
