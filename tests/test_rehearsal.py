@@ -209,7 +209,7 @@ def test_smoke_dry_run_prints_every_action_and_changes_nothing(rh: Rehearsal) ->
     said = " ".join((res.stdout + res.stderr).split())
     assert res.returncode == 0, said[-5000:]
     assert "dry run of smoke: 3 conditions; nothing is changed" in said, said[-5000:]
-    assert "dev1 -> pi5-1" in said and "pi5-2" in said, said[-5000:]
+    assert "dev1 -> pi5-1" in said, said[-5000:]
     assert sorted(rh.out.parent.rglob("*")) == before  # no run folder, nothing written
 
 
