@@ -11,20 +11,24 @@ import pytest
 
 from testbed.config.playbook import load_playbook
 from testbed.core.errors import BadInputError
+from testbed.metrics.capacity import deciding_counts
 from testbed.report.capacity_searches import capacity_rows, capacity_searches
 from testbed.report.dashboard import index_page
 from testbed.results.store import RunStore
 from testbed.runner import capacity as capacity_module
 from testbed.runner.run import RunOutcome
 
+FAITHFUL_UP_TO = {"n": 10}  # the stand-in server's forwards fall behind above this count
+
 
 def probe_run(path, out, say):
     pb = load_playbook(path)
     n = pb.lab.devices
+    ok = n <= FAITHFUL_UP_TO["n"]
     store = RunStore(out / pb.name)
     store.create({"run_id": pb.name})
-    metrics = {"device_verified_tok_s_min": 100 / n, "compute_faithful": n <= 10,
-               "behind_share": 0.0 if n <= 10 else 0.05}  # fmt: skip
+    metrics = {"device_verified_tok_s_min": 100 / n, "compute_faithful": ok,
+               "behind_share": 0.0 if ok else 0.05}  # fmt: skip
     store.commit("c00", store.staging("c00"), {"condition": "c00", "index": 0, "status": "done",
                  "link": {"time_dilation": 2.0}, "metrics": metrics})  # fmt: skip
     return RunOutcome(store, 1, 0, 0)
@@ -53,7 +57,7 @@ def test_capacity_json_keeps_every_probe_with_its_faithfulness_and_dilation(sear
     by_n = {p["devices"]: p for p in saved["probes"]}
     assert set(by_n) == set(result.measured)
     assert by_n[8]["faithful"] and not by_n[14]["faithful"]
-    assert saved["faithful"] is False  # the deciding probes ran behind
+    assert saved["faithful"] is False  # the probes that decide it (14 and 15) ran behind
     assert {p["time_dilation"] for p in saved["probes"]} == {2.0}
     assert (results / "capacity-pb-1" / by_n[14]["run"] / "journal.jsonl").is_file()
 
@@ -77,3 +81,20 @@ def test_a_broken_capacity_file_is_named(tmp_path):
     (tmp_path / "capacity-x" / "capacity.json").write_text("[1, 2]")
     with pytest.raises(BadInputError, match="expected keys rate, capacity and mode"):
         capacity_searches(tmp_path)
+
+
+def test_a_probe_behind_far_from_the_capacity_does_not_decide_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(FAITHFUL_UP_TO, "n", 16)  # only the 32-device probe runs behind
+    monkeypatch.setattr(capacity_module, "execute", probe_run)
+    playbook = tmp_path / "pb.yaml"
+    playbook.write_text("name: cap\ntopology: topologies/star.yaml\n")
+    result = capacity_module.run_capacity(playbook, 7.0, tmp_path / "c", 1, 32, say=print)
+    saved = json.loads((tmp_path / "c" / "capacity.json").read_text())
+    assert result.capacity == 14 and not {p["devices"]: p for p in saved["probes"]}[32]["faithful"]
+    assert saved["faithful"] is True  # 14 keeps and 15 does not, both faithful
+
+
+def test_deciding_counts_are_the_capacity_and_the_count_above():
+    assert deciding_counts(14, [1, 32, 16, 8, 12, 14, 15]) == [14, 15]
+    assert deciding_counts(0, [4]) == [4]
+    assert deciding_counts(32, [1, 32]) == [32]

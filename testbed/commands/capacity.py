@@ -39,11 +39,14 @@ def capacity(
         )
         typer.echo(f"{n:>8} {shown:>30} {dilation:>9}{flags}")
     typer.echo(f"capacity at {rate} tok/s: {result.capacity} devices ({folder}/capacity.json)")
+    behind = [p["devices"] for p in saved["probes"] if not p["faithful"]]
     if not saved["faithful"]:
         typer.echo(
-            "unfaithful: some probes' forwards ran behind the hardware they stand for; "
+            "unfaithful: the probes that decide it ran behind the hardware they stand for; "
             "rerun with a larger lab.time_dilation (or auto)"
         )
+    elif behind:
+        typer.echo(f"probes at {behind} devices ran behind; the faithful ones decide the capacity")
     paper = saved.get("paper")
     if paper:
         typer.echo(f"paper: {paper['label']}: {paper['value']:g} devices ({paper['source']})")

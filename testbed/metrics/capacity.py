@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -51,3 +52,20 @@ def capacity_search(
             bad = mid
     result.capacity = good
     return result
+
+
+def deciding_counts(capacity: int, probed: list[int]) -> list[int]:
+    """The probed device counts whose verdicts fix the capacity, given that the per-device
+    rate does not rise with more devices: the capacity and the count above it (the smallest
+    probed count when none kept the rate, the largest when it did)."""
+    if capacity == 0:
+        return [min(probed)]
+    if capacity == max(probed):
+        return [capacity]
+    return [capacity, capacity + 1]
+
+
+def probes_faithful(probes: list[dict[str, Any]], capacity: int) -> bool:
+    """Whether the probes that decide `capacity` all ran faithful (see `deciding_counts`)."""
+    by_n = {p["devices"]: p for p in probes}
+    return all(by_n[n]["faithful"] for n in deciding_counts(capacity, list(by_n)))

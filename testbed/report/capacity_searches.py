@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.core.errors import BadInputError
+from testbed.metrics.capacity import probes_faithful
 from testbed.results.condition_table import PAPER_GAP
 
 CAPACITY_FILE = "capacity.json"
@@ -46,7 +47,8 @@ def capacity_rows(searches: list[dict[str, Any]]) -> list[list[str]]:
             + ("" if p["faithful"] is not False else " (unfaithful)")
             for p in sorted(probes, key=lambda p: p["devices"])
         )
-        faithful = {True: "yes", False: "no"}.get(s.get("faithful"), "?")
+        known = all(p["faithful"] is not None for p in probes)
+        faithful = ("yes" if probes_faithful(probes, s["capacity"]) else "no") if known else "?"
         paper = s.get("paper") or {}
         value = paper.get("value")
         ratio = s["capacity"] / value if value else None

@@ -4,7 +4,7 @@ Each probe is a whole run of the playbook (which must name one condition) with `
 set to the probed count, written under one capacity folder; its figure is the condition's
 `device_verified_tok_s_min` (see `testbed.metrics.capacity` for the definition).
 `capacity.json` keeps every probe with its run, its time dilation and whether its compute was
-faithful; a capacity decided by an unfaithful probe is marked so (`faithful: false`).
+faithful; the capacity is faithful when the probes that decide it (`deciding_counts`) were.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from testbed.config.playbook import Playbook, expand, load_playbook
 from testbed.core.errors import BadInputError
 from testbed.core.files import atomic_write_json, atomic_write_text
 from testbed.core.loading import validate
-from testbed.metrics.capacity import CapacityResult, capacity_search
+from testbed.metrics.capacity import CapacityResult, capacity_search, probes_faithful
 from testbed.results.store import RunStore
 from testbed.runner.run import execute
 
@@ -80,7 +80,7 @@ def run_capacity(
         {"playbook": str(playbook), "rate": rate, "capacity": result.capacity,
          "measured": result.measured, "figure": "device_verified_tok_s_min",
          "mode": pb.mode, "paper": paper_capacity(pb),
-         "faithful": all(p["faithful"] for p in probes), "probes": probes},
+         "faithful": probes_faithful(probes, result.capacity), "probes": probes},
     )  # fmt: skip
     return result
 
