@@ -34,8 +34,7 @@ def device_of(link: str) -> str:
 def _is_event(changes: pd.DataFrame) -> pd.Series:
     """Rows a device can react to: a phase after the first (the first is the profile being
     applied, before the agents start) or a failover."""
-    phase = pd.to_numeric(changes.get("phase"), errors="coerce") if "phase" in changes else None
-    stepped = phase.fillna(0) >= 1 if phase is not None else False
+    stepped = pd.to_numeric(changes["phase"], errors="coerce").fillna(0) >= 1
     return (changes["kind"] == "failover") | ((changes["kind"] == "change") & stepped)
 
 
@@ -57,7 +56,7 @@ def reactions_s(
             clock.to_controller(part["t_end"].to_numpy(dtype=float)),
         )
     out: list[float | None] = []
-    for (link, t), event in zip(zip(changes["dev"], changes["t"]), _is_event(changes)):
+    for link, t, event in zip(changes["dev"], changes["t"], _is_event(changes)):
         starts, ends = runs.get(device_of(link), (np.zeros(0), np.zeros(0)))
         if not event or len(starts) == 0 or pd.isna(t) or t < starts[0]:
             out.append(None)

@@ -106,8 +106,8 @@ class HostRecord:
     role: str = "device"
     host_class: str | None = None
     clock: str = "own"  # whose clock t_start / t_end are on: "own" or "controller"
-    clock_offset_s: float | None = None  # host clock - controller clock (metrics.clocks)
-    clock_offset_err_s: float | None = None
+    clock_offset_s: float | None = None  # host clock - controller clock, as the condition began
+    clock_offset_err_s: float | None = None  # its error bound (metrics.clocks)
     power_w: float | None = None  # mean measured power, where the host reports it
     energy_j: float | None = None  # measured energy over the span
     power_source: str | None = None  # "nvidia-smi", "tegrastats", "rapl"; None: nominal
