@@ -362,6 +362,10 @@ def test_a_cut_primary_path_moves_a_run_to_the_backup_and_devices_keep_verifying
     assert "failover to backup" in set(changes["note"])
     cut = changes[changes["note"].str.endswith("phase 1")]
     assert len(cut) == 2 and (cut["loss"] == 1.0).all() and (cut["rtt_ms"] == 20.0).all()
+    # the cross-host figures: every clock here is the controller's kernel clock (offset 0)
+    metrics = entry["metrics"]
+    assert (metrics["clock_offset_max_s"], metrics["clock_error_max_s"]) == (0.0, 0.0)
+    assert metrics["failover_max_s"] >= failovers[0]["t"] - max(cut_at) > 0
     assert leftovers(LAB) == []
 
 

@@ -89,7 +89,10 @@ def make_backend(name: BackendName, runner: SystemRunner, lab: LinkSite) -> Back
 
 
 def link_changes(lab: LinkSite) -> list[dict[str, object]]:
-    """Every profile change the packet holder(s) of `lab` applied, oldest first."""
+    """Every profile change the packet holder(s) of `lab` applied, in stamp order. `at` is on
+    the clock of the machine whose holder applied it: a change with `host` was applied on that
+    lab host (a lab impaired on its hosts), one without at the lab's forwarding point (where
+    `lab.runner` runs)."""
     return hostside.link_changes(lab) if lab.impaired_on_hosts else forwarding_changes(lab)
 
 

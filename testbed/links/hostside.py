@@ -354,7 +354,12 @@ class HostSideBackend:
 
 
 def link_changes(site: LinkSite) -> list[dict[str, Any]]:
-    """Every profile change the holders on the hosts applied, oldest first."""
+    """Every profile change the holders on the hosts applied, in stamp order, each with the
+    `host` whose holder applied it (`at` is on that host's clock)."""
     lab = host_site(site)
-    changes = [c for host in lab.hosts for c in host_holder(lab, host).link_changes()]
+    changes = [
+        {**c, "host": host.name}
+        for host in lab.hosts
+        for c in host_holder(lab, host).link_changes()
+    ]
     return sorted(changes, key=lambda c: float(c.get("at", 0.0)))

@@ -5,7 +5,10 @@ Clocks: every duration is the difference of two times written by the *same host*
 span runs from its agent's start (handshake included) to its last answer, on its own clock.
 The system span is the longest device span; system rates divide by it, so no time of one
 host is ever subtracted from a time of another (the devices are started together by the
-controller, so the longest span bounds the run's length from below).
+controller, so the longest span bounds the run's length from below). The figures that must
+set hosts against each other (a device's reaction to a link change, a failover after a cut:
+`testbed.metrics.link_reaction`) move each time onto the controller's clock first; the row
+carries the largest offset applied and error bound (`testbed.metrics.clocks.clock_figures`).
 
 Tokens: *verified* tokens came out of a verdict of the target (accepted drafts plus the
 correction or bonus token); *unverified* tokens are draft tokens a device kept while the
@@ -26,6 +29,8 @@ from agents.spec.rates import acceptance_rate, mean_accepted_length
 from testbed.config.costs import CostTable
 from testbed.config.slo import Slo
 from testbed.core.stats import percentile, wilson_interval
+from testbed.metrics.clocks import ClockOffset, clock_figures, offsets_by_host
+from testbed.metrics.link_reaction import failovers_s
 
 PERCENTILES = (50, 90, 99)
 MAX_BEHIND_SHARE = 0.01  # a condition with more forwards behind its model is unfaithful
@@ -138,6 +143,9 @@ class ConditionStats:
     energy_j: float | None = None  # measured energy summed over those hosts
     paced_forwards: int = 0  # forwards paced to the emulated hardware (pacing table)
     behind_forwards: int = 0  # of those, forwards whose real computation overran the model
+    reactions_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per link change
+    failovers_s: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per failover
+    clocks: list[ClockOffset] = field(default_factory=list)  # every offset applied
 
     # -- throughput -------------------------------------------------------------------------
     def _rate(self, tokens: int) -> float | None:
@@ -329,6 +337,24 @@ class ConditionStats:
         share = self.behind_share
         return None if share is None else share <= MAX_BEHIND_SHARE
 
+    # -- links, across hosts (controller clock) ---------------------------------------------
+    @property
+    def link_reaction_p50_s(self) -> float | None:
+        """median over the devices' link changes and failovers of reaction_s: to the end of
+        the device's first round begun after it (metrics.link_reaction)"""
+        return percentile(self.reactions_s, 50)
+
+    @property
+    def link_reaction_max_s(self) -> float | None:
+        """the slowest reaction_s (metrics.link_reaction)"""
+        return float(self.reactions_s.max()) if len(self.reactions_s) else None
+
+    @property
+    def failover_max_s(self) -> float | None:
+        """the slowest failover: from the last change of the device's primary link (the cut)
+        to the monitor's failover (metrics.link_reaction)"""
+        return float(self.failovers_s.max()) if len(self.failovers_s) else None
+
     # -- outputs ----------------------------------------------------------------------------
     def as_row(self) -> dict[str, Any]:
         """Flat figures for the conditions table (one column each)."""
@@ -361,7 +387,7 @@ class ConditionStats:
         for name in ("strict", "flexible"):
             ci = getattr(self, f"{name}_ci")
             row[f"{name}_ci_low"], row[f"{name}_ci_high"] = ci if ci else (None, None)
-        return row
+        return row | clock_figures(self.clocks)
 
     @classmethod
     def from_frames(
@@ -372,10 +398,16 @@ class ConditionStats:
         slo: Slo | None = None,
         costs: CostTable | None = None,
         pacing: pd.DataFrame | None = None,
+        changes: pd.DataFrame | None = None,
     ) -> ConditionStats:
-        """Gather the counts from a condition's rounds, requests, hosts and pacing tables."""
+        """Gather the counts from a condition's rounds, requests, hosts, pacing and
+        link_changes tables (the latter with its `reaction_s`)."""
         s = cls()
         s.paced_forwards, s.behind_forwards = pacing_counts(pacing)
+        s.clocks = used_clocks(hosts, changes)
+        if changes is not None and "reaction_s" in changes:  # (runs before it have none)
+            s.reactions_s = changes["reaction_s"].dropna().to_numpy(dtype=float)
+            s.failovers_s = failovers_s(changes)
         if requests.empty:
             return s
         s.requests = len(requests)
@@ -431,6 +463,17 @@ class ConditionStats:
         s.cost_usd = host_cost(hosts, costs or CostTable())
         s.hosts, s.measured_hosts, s.energy_j = measured_energy(hosts)
         return s
+
+
+def used_clocks(hosts: pd.DataFrame | None, changes: pd.DataFrame | None) -> list[ClockOffset]:
+    """The offsets a condition's figures used: each host's (hosts table) and those that moved
+    the link changes onto the controller's clock."""
+    used = list(offsets_by_host(hosts).values()) if hosts is not None else []
+    if changes is not None and not changes.empty and "clock_offset_s" in changes:
+        moved = changes.dropna(subset=["clock_offset_s", "clock_offset_err_s"])
+        used += [ClockOffset(float(o), float(e)) for o, e in
+                 set(zip(moved["clock_offset_s"], moved["clock_offset_err_s"]))]  # fmt: skip
+    return used
 
 
 def pacing_counts(pacing: pd.DataFrame | None) -> tuple[int, int]:

@@ -6,7 +6,10 @@ is declared once: `int`/`float`/`str`/`bool` map to int64/float64/string/bool, a
 `X | None` field is a nullable column that may be absent from the agent's file.
 
 Times (`t_*`) are seconds since the epoch *on the host that wrote the record*; durations are
-only ever taken between two times of one host (see `testbed.metrics.condition_stats`).
+taken between two times of one host (see `testbed.metrics.condition_stats`), and a time set
+against another host's is first moved onto the controller's clock with its host's measured
+offset (`testbed.metrics.clocks`; the hosts table carries each host's). The link_changes
+table's times are on the controller's clock already.
 """
 
 from __future__ import annotations
@@ -103,8 +106,8 @@ class HostRecord:
     role: str = "device"
     host_class: str | None = None
     clock: str = "own"  # whose clock t_start / t_end are on: "own" or "controller"
-    clock_offset_s: float | None = None  # host clock - controller clock (metrics.clocks)
-    clock_offset_err_s: float | None = None
+    clock_offset_s: float | None = None  # host clock - controller clock, as the condition began
+    clock_offset_err_s: float | None = None  # its error bound (metrics.clocks)
     power_w: float | None = None  # mean measured power, where the host reports it
     energy_j: float | None = None  # measured energy over the span
     power_source: str | None = None  # "nvidia-smi", "tegrastats", "rapl"; None: nominal
@@ -129,16 +132,25 @@ class LinkRecord:
 
 @dataclass(frozen=True)
 class LinkChangeRecord:
-    """A link profile change during a condition (a schedule step, a cut, a heal)."""
+    """A change of a device's link during a condition: a profile phase the packet holder
+    applied (`kind` "change": a schedule step, a trace row, a cut, a heal; one row per
+    direction) or a failover of the backup path's monitor (`kind` "failover"). `t` is on the
+    controller's clock: the time the holder or monitor stamped, moved by the offset of the
+    machine that stamped it (`clock_offset_s`, metrics.clocks)."""
 
     table: ClassVar[str] = "link_changes"
     condition: str
-    dev: str
+    dev: str  # the link (`dev1`, `dev1/backup`) or, for a failover, the device
     t: float  # controller clock
+    kind: str = "change"  # "change" or "failover"
+    phase: int | None = None  # the holder's phase (0: the profile as first applied)
     rtt_ms: float | None = None
     loss: float | None = None
     rate_mbit: float | None = None
     note: str = ""
+    reaction_s: float | None = None  # to the end of the device's next round (link_reaction)
+    clock_offset_s: float | None = None  # of the machine that stamped t (host - controller)
+    clock_offset_err_s: float | None = None
 
 
 @dataclass(frozen=True)

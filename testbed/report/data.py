@@ -93,13 +93,15 @@ class RunData:
         return json.loads(path.read_text()) if path.is_file() else {}
 
     def stats(self, cid: str) -> ConditionStats:
-        """The condition's stats object, from its rounds, requests and hosts tables."""
+        """The condition's stats object, from its rounds, requests, hosts and link_changes
+        tables."""
         if cid not in self._stats:
             hosts = self.table(cid, "hosts")
             self._stats[cid] = ConditionStats.from_frames(
                 self.table(cid, "rounds"),
                 self.table(cid, "requests"),
                 hosts if not hosts.empty else None,
+                changes=self.table(cid, "link_changes"),
             )
         return self._stats[cid]
 

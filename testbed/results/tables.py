@@ -17,7 +17,9 @@ from agents.workloads.scoring import score as score_answer
 from testbed.config.costs import CostTable
 from testbed.config.slo import Slo
 from testbed.core.files import atomic_replace
+from testbed.metrics.clocks import offsets_by_host
 from testbed.metrics.condition_stats import ConditionStats
+from testbed.metrics.link_reaction import reactions_s
 from testbed.metrics.schemas import DEFAULTS, SCHEMAS
 from testbed.results.store import ConditionFolder
 from testbed.topo.profile import GilbertElliott
@@ -133,19 +135,27 @@ def _chain_loss(change: dict[str, Any]) -> float | None:
 def link_change_rows(link: dict[str, Any], condition: str) -> pd.DataFrame:
     """The `link_changes` table from a condition's link.json: one row per profile phase the
     holder applied to one direction of a link (RTT = twice that direction's delay) and one
-    per failover of the backup path's monitor; times on the controller's clock."""
+    per failover of the backup path's monitor; times on the controller's clock (link.json's,
+    moved there by `testbed.runner.link_step`), with the offset that moved each."""
     rows = []
     for c in link.get("changes") or []:
         delay = c.get("delay_us")
         rows.append({
             "condition": condition, "dev": str(c.get("link")), "t": c.get("at"),
+            "kind": "change", "phase": c.get("phase"),
             "rtt_ms": 2 * float(delay) / 1000 if isinstance(delay, int | float) else None,
             "loss": _chain_loss(c), "note": f"{c.get('direction')} phase {c.get('phase')}",
+            **_offset_columns(c),
         })  # fmt: skip
     for f in link.get("failovers") or []:
         rows.append({"condition": condition, "dev": str(f.get("device")), "t": f.get("t"),
-                     "note": f"failover to {f.get('to')}"})  # fmt: skip
+                     "kind": "failover", "note": f"failover to {f.get('to')}",
+                     **_offset_columns(f)})  # fmt: skip
     return pd.DataFrame(rows, columns=list(SCHEMAS["link_changes"].names))
+
+
+def _offset_columns(event: dict[str, Any]) -> dict[str, Any]:
+    return {k: event.get(k) for k in ("clock_offset_s", "clock_offset_err_s")}
 
 
 def host_rows(
@@ -202,7 +212,9 @@ def tables_from_records(
     """Write a condition's typed Parquet tables from the agents' fetched records (under
     `hosts/<host>/` of the condition's folder) and its link.json; return the condition's figures
     (`ConditionStats.as_row`). `score` adds the answer-checking columns to the requests;
-    `hosts_info` gives what the controller knows of each host (see `host_rows`)."""
+    `hosts_info` gives what the controller knows of each host (see `host_rows`), its clock
+    offset among it: the link changes' reactions set the devices' rounds, moved by it, against
+    the changes (`testbed.metrics.link_reaction`)."""
     hosts_dir = folder.hosts
 
     def records(name: str) -> pd.DataFrame:
@@ -226,7 +238,9 @@ def tables_from_records(
     link_file = folder.link
     link = json.loads(link_file.read_text()) if link_file.exists() else {}
     write_typed("links", link_rows(link, condition), folder)
-    write_typed("link_changes", link_change_rows(link, condition), folder)
+    changes = link_change_rows(link, condition)
+    changes["reaction_s"] = reactions_s(changes, rounds, offsets_by_host(hosts))
+    changes = write_typed("link_changes", changes, folder)
     return ConditionStats.from_frames(
-        rounds, requests, hosts, slo=slo, costs=costs, pacing=pacing
+        rounds, requests, hosts, slo=slo, costs=costs, pacing=pacing, changes=changes
     ).as_row()

@@ -42,7 +42,9 @@ from testbed.config.playbook import Condition, Playbook
 from testbed.core.errors import AgentError, BadInputError
 from testbed.core.files import atomic_write_json
 from testbed.hosts.inventory import InventoryHost
+from testbed.labs.clocks import host_clocks
 from testbed.links.plan import condition_links
+from testbed.metrics.clocks import clock_figures
 from testbed.metrics.condition_stats import pacing_figures
 from testbed.results.store import ConditionFolder
 from testbed.results.tables import pacing_frame, write_parquet, write_typed
@@ -247,7 +249,10 @@ def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> di
         inputs = staged.inputs()
         for h in [server, *devices]:
             fresh_records(hosts, h, on[h.name])
-        doc = place_emulation(hosts, server, cond, ctx.lab.emulated, when, inputs, on[server.name])
+        clocks = host_clocks(ctx.lab, on)  # each host's emulated epoch and start on its clock
+        server_time = when.on_host(clocks[server.name])
+        doc = place_emulation(hosts, server, cond, ctx.lab.emulated, server_time, inputs,
+                              on[server.name])  # fmt: skip
         draft = ctx.draft_model if ctx.dry_run else draft_folder(ctx.draft_model)
         target = model_on(server, "target_model", ctx.target_model)
         cost = cost_model_on(ctx, server, pb, staged, f"{on[server.name]}/{EMULATION_FILE}",
@@ -255,7 +260,8 @@ def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> di
         place_lab_key(hosts, [server, *devices], ensure_lab_key(ctx.lab.runtime_dir))
         rows = [] if ctx.dry_run else user_rows(pb, ctx.target_model, names)
         for dev in devices:
-            place_emulation(hosts, dev, cond, ctx.lab.emulated, when, inputs, on[dev.name])
+            place_emulation(hosts, dev, cond, ctx.lab.emulated, when.on_host(clocks[dev.name]),
+                            inputs, on[dev.name])  # fmt: skip
             mine = inputs / f"{dev.name}.users.jsonl"  # the request, not the answer it is
             mine.write_text("".join(  # checked against
                 json.dumps({k: v for k, v in r.items() if k not in ("reference", "dev")}) + "\n"
@@ -276,7 +282,8 @@ def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> di
             ctx.say(f"{cond.id}: the clients send from {CLIENT_LEAD_S:g} s from now")
             clients = hosts.start_all(
                 "balance-client",
-                lambda h: client_command(h, server, cond, on[h.name], start_at),
+                lambda h: client_command(h, server, cond, on[h.name],
+                                         clocks[h.name].to_host(start_at)),  # fmt: skip
                 devices, env=AGENT_ENV,
             )  # fmt: skip
             if ctx.dry_run:
@@ -291,7 +298,7 @@ def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> di
             fetch(hosts, dev, on[dev.name], CLIENT_FILES, clients[dev.name],
                   staged.host(dev.name))  # fmt: skip
         link.close()
-    metrics = tables(cond, staged, rows, cost, names, server.name)
+    metrics = tables(cond, staged, rows, cost, names, server.name) | clock_figures(clocks.values())
     ctx.say(describe(cond.id, b, metrics))
     return {"link": link.record, "metrics": metrics}
 

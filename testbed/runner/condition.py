@@ -27,8 +27,9 @@ from testbed.config.costs import load_cost_table
 from testbed.config.playbook import Condition
 from testbed.hosts.control import HostControl, RemoteProcess
 from testbed.hosts.inventory import InventoryHost
+from testbed.labs.clocks import host_clocks
 from testbed.links.plan import condition_links
-from testbed.metrics.clocks import measure_offset
+from testbed.metrics.clocks import ClockOffset
 from testbed.results.store import ConditionFolder
 from testbed.results.tables import tables_from_records
 from testbed.runner.agents import (
@@ -64,9 +65,16 @@ class Agents:
     workers: dict[str, RemoteProcess] = field(default_factory=dict)  # host -> agent answering
     server_proc: RemoteProcess | None = None  # the verification server, if one runs
     started: float = field(default_factory=time.time)  # the server's span starts here
+    clocks: dict[str, ClockOffset] = field(default_factory=dict)  # host -> offset, at start
 
     def on(self, host: InventoryHost) -> str:
         return f"{host.workdir}/{self.records}"
+
+    def running(self, mode: str) -> list[InventoryHost]:
+        """The hosts whose agents run in `mode`: the server (but in device-only), and the
+        devices (but in the server-alone modes)."""
+        server = [self.server] if mode != "device-only" else []
+        return server + ([] if mode in SERVER_ALONE else self.devices)
 
 
 def run_condition(ctx: RunContext, cond: Condition, folder: ConditionFolder) -> dict[str, Any]:
@@ -114,13 +122,17 @@ def write_inputs(
 
 def start_agents(ctx: RunContext, cond: Condition, agents: Agents, folder: ConditionFolder,
                  when: ConditionTime) -> None:  # fmt: skip
-    """Place each agent's inputs on its host and start it: the server (waited for until it
-    listens) and the devices, or the server alone answering every device's problems."""
+    """Measure the clock of each host that runs an agent, place each agent's inputs on its host
+    (its emulated clock's epoch on its own clock) and start it: the server (waited for until
+    it listens) and the devices, or the server alone answering every device's problems."""
     pb, hosts, server = cond.playbook, ctx.hosts, agents.server
     inputs = folder.inputs()
+    agents.clocks = host_clocks(ctx.lab, [h.name for h in agents.running(pb.mode)])
     if pb.mode != "device-only":
         fresh_records(hosts, server, agents.on(server))
-        place_emulation(hosts, server, cond, ctx.lab.emulated, when, inputs, agents.on(server))
+        server_time = when.on_host(agents.clocks[server.name])
+        place_emulation(hosts, server, cond, ctx.lab.emulated, server_time, inputs,
+                        agents.on(server))  # fmt: skip
     target = model_on(server, "target_model", ctx.target_model)
     agents.started = time.time()
     if pb.mode in SERVER_ALONE:
@@ -145,7 +157,8 @@ def start_agents(ctx: RunContext, cond: Condition, agents: Agents, folder: Condi
     for dev in agents.devices:
         fresh_records(hosts, dev, agents.on(dev))
         hosts.put(dev, inputs / f"{dev.name}.problems.jsonl", f"{agents.on(dev)}/problems.jsonl")
-        place_emulation(hosts, dev, cond, ctx.lab.emulated, when, inputs, agents.on(dev))
+        place_emulation(hosts, dev, cond, ctx.lab.emulated, when.on_host(agents.clocks[dev.name]),
+                        inputs, agents.on(dev))  # fmt: skip
     ctx.say(f"{cond.id}: starting {len(agents.devices)} device agents")
     agents.workers = hosts.start_all(
         "sled-device",
@@ -166,9 +179,7 @@ def collect(ctx: RunContext, cond: Condition, agents: Agents, folder: ConditionF
         hosts.stop(agents.server_proc)
     span = (when.wall(agents.started), when.wall(time.time()))
     alone = cond.playbook.mode in SERVER_ALONE
-    ran = ([server] if cond.playbook.mode != "device-only" else []) + ([] if alone else
-                                                                        agents.devices)  # fmt: skip
-    info = hosts_info(hosts, ran, server.name, span)
+    info = hosts_info(agents.running(cond.playbook.mode), server.name, span, agents.clocks)
     for h in [server] if alone else agents.devices:
         fetch(hosts, h, agents.on(h), DEVICE_FILES, agents.workers[h.name], folder.host(h.name))
     if agents.server_proc is not None:
@@ -226,15 +237,15 @@ def score_requests(requests: pd.DataFrame, reference: dict[str, str]) -> pd.Data
     return requests
 
 
-def hosts_info(hosts: HostControl, lab_hosts: Iterable[InventoryHost], server: str,
-               server_span: tuple[float, float]) -> list[dict[str, Any]]:  # fmt: skip
-    """Per host: role, class and clock offset to the controller (measured over SSH); the
-    server's span as timed by the controller."""
+def hosts_info(lab_hosts: Iterable[InventoryHost], server: str, server_span: tuple[float, float],
+               clocks: dict[str, ClockOffset]) -> list[dict[str, Any]]:  # fmt: skip
+    """Per host: role, class and the clock offset to the controller measured as the condition
+    began (`clocks`, which the condition's cross-host figures use); the server's span as
+    timed by the controller."""
     rows = []
     for h in lab_hosts:
-        clock = measure_offset(lambda h=h: float(hosts.run(h, "date +%s.%N").stdout), probes=3)
         row = {"dev": h.name, "role": h.role, "host_class": h.host_class,
-               "clock_offset_s": clock.offset_s, "clock_offset_err_s": clock.error_s}  # fmt: skip
+               **clocks[h.name].columns()}  # fmt: skip
         if h.name == server:
             row.update(t_start=server_span[0], t_end=server_span[1])
         rows.append(row)

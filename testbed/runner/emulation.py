@@ -6,7 +6,7 @@ the models its engines stand for. On an emulated lab the agents pace every forwa
 hardware's modelled time (`agents.emulation.pacing`); on an inventory lab of real hardware
 they only predict it beside each measured forward. `lab.time_dilation` slows every imposed
 time down N times; the condition's `ConditionTime` maps the controller's own times onto the
-same emulated clock as the agents'.
+same emulated clock as the agents' (each host's epoch on its own clock: `on_host`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from agents.emulation.clock import Clock
 from testbed.config.playbook import Mode, Playbook
 from testbed.core.errors import BadInputError
 from testbed.hosts.inventory import InventoryHost
+from testbed.metrics.clocks import ClockOffset
 from testbed.topo.catalogue import Catalogue, load_catalogue
 from testbed.topo.classes import host_class
 
@@ -70,6 +71,12 @@ class ConditionTime:
     def wall(self, real_wall: float) -> float:
         """A real wall-clock time of the controller's on the emulated wall clock."""
         return self.clock.wall(real_wall)
+
+    def on_host(self, clock: ClockOffset) -> ConditionTime:
+        """The condition's time as a host whose clock is `clock` keeps it: the epoch on that
+        host's clock, so that the host's emulated clock differs from the controller's by the
+        offset itself (which `ClockOffset.to_controller` takes off its times)."""
+        return ConditionTime(self.dilation, clock.to_host(self.epoch))
 
     def real_s(self, emulated_s: float) -> float:
         """Real seconds for `emulated_s` seconds of the condition's time."""

@@ -10,18 +10,21 @@ and always cleared at the end.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agents.failover import Failover
 from testbed.config.playbook import ImpairmentSection
 from testbed.core.files import atomic_write_json
 from testbed.labs.backup import failover_log, read_failovers, set_monitor_dilation
+from testbed.labs.clocks import machine_clock
 from testbed.labs.interface import Lab
 from testbed.links.api import apply_each, clear, link_changes
 from testbed.links.plan import ConditionLinks
 from testbed.links.probe import ProbeResult, probe_backup, probe_links
+from testbed.metrics.clocks import CONTROLLER, ClockOffset
 from testbed.results.store import ConditionFolder
 from testbed.runner.context import RunContext
 from testbed.runner.emulation import ConditionTime
@@ -32,21 +35,51 @@ from testbed.topo.profile import LOSS_SEMANTICS
 def link_events(
     lab: Lab, since: float, until: float, when: ConditionTime
 ) -> dict[str, list[dict[str, Any]]]:
-    """What happened to the links during a condition: the profile changes the packet holder
-    applied (schedules, traces, reloads) and the backup path's failovers, each time-stamped on
-    the condition's emulated clock, delays in emulated time."""
-    changes = []
-    for c in link_changes(lab):
-        if since <= float(c.get("at", 0.0)) <= until:
-            c = {**c, "at": when.wall(float(c["at"]))}
+    """What happened to the links between the controller's times `since` and `until`: the
+    profile changes the packet holder(s) applied (schedules, traces, reloads) and the backup
+    path's failovers, each on the controller's clock (`events_on_controller`). A holder stamps
+    its machine's clock: the lab's forwarding point (the bridge namespace here, or a middlebox)
+    or, on a lab impaired on its hosts, the host (`host`); each such clock is measured
+    (`testbed.labs.clocks`). The monitor runs here, on the controller's clock."""
+    changes = link_changes(lab)
+    stamped_on = {c.get("host") for c in changes}
+    clocks = {
+        h: machine_clock(lab.runner if h is None else lab.host_runner(str(h))) for h in stamped_on
+    }
+    return events_on_controller(
+        changes, clocks, read_failovers(failover_log(lab)), since, until, when
+    )
+
+
+def events_on_controller(
+    changes: list[dict[str, Any]],
+    clocks: Mapping[str | None, ClockOffset],
+    failovers: list[Failover],
+    since: float,
+    until: float,
+    when: ConditionTime,
+) -> dict[str, list[dict[str, Any]]]:
+    """The holders' `changes` (each on the clock of `clocks[change["host"]]`, None: the
+    forwarding point's) and the monitor's `failovers` (the controller's clock) that fell between
+    the controller's `since` and `until` (within the offset's error bound), moved onto the
+    controller's clock and then onto the condition's emulated clock (delays in emulated time),
+    each with the offset that moved it."""
+    kept = []
+    for c in changes:
+        clock = clocks[c.get("host")]
+        at = clock.to_controller(float(c.get("at", 0.0)))
+        if since - clock.error_s <= at <= until + clock.error_s:
+            c = {**c, "at": when.wall(at), **clock.columns()}
             for key in ("delay_us", "jitter_us"):
                 if isinstance(c.get(key), int | float):
                     c[key] = c[key] / when.dilation
-            changes.append(c)
-    failovers = [
-        {**asdict(f), "t": when.wall(f.t)} for f in read_failovers(failover_log(lab), since, until)
+            kept.append(c)
+    moved = [
+        {**asdict(f), "t": when.wall(f.t), **CONTROLLER.columns()}
+        for f in failovers
+        if since <= f.t <= until
     ]
-    return {"changes": changes, "failovers": failovers}
+    return {"changes": sorted(kept, key=lambda c: c["at"]), "failovers": moved}
 
 
 @dataclass
