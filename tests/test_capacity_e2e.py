@@ -1,11 +1,12 @@
 """`testbed capacity` for real: every probe is a whole run of a one-condition playbook on the
 namespace lab (tiny models, one short answer per device), bisecting `--low 1 --high 2`.
 
-The rates are chosen so that the verdict does not hang on the machine's speed: one that any
-device keeps if the target verified a single token of its answer (capacity: the highest count
-probed), and one that none can keep (a billion tokens/s: capacity 0, after probing the lowest
-count alone). The figures themselves are whatever this machine measured; each must be the one
-in its probe run's condition row.
+The rate is chosen so that the verdict does not hang on the machine's speed: any device keeps
+it if the target verified a single token of its answer, so the capacity is the highest count
+probed and both counts are probed. The figures themselves are whatever this machine measured;
+each must be the one in its probe run's condition row. (A probe costs a whole run, about a
+minute here; the bisection between the ends and a capacity of 0 are tested with the runs
+faked, in test_metrics_capacity.py.)
 
 Needs root (CI runs it as root). Runs use lab `ecap` on 10.84.1.0/24 (TESTBED_LAB_NAME /
 TESTBED_LAB_SUBNET), so they share a machine with other labs.
@@ -37,7 +38,7 @@ workload: {kind: arithmetic, problems_per_device: 1, max_new_tokens: 8}
 link: {rtt_ms: 10}
 impairment: {probe_packets: 20}
 """
-KEPT, UNREACHABLE = 0.001, 1e9  # verified tokens/s per device
+KEPT = 0.001  # verified tokens/s per device
 
 
 def capacity(tmp_path: Path, rate: float) -> tuple[subprocess.CompletedProcess, Path]:
@@ -86,17 +87,4 @@ def test_capacity_at_a_rate_every_device_keeps_is_the_highest_count(root_netns, 
     for devices, (run, row) in runs.items():
         check_probe(run, row, devices, saved["measured"][str(devices)])
     assert f"capacity at {KEPT} tok/s: 2 devices" in proc.stdout
-    assert leftovers(LAB) == []
-
-
-def test_capacity_at_an_unreachable_rate_is_0_after_one_probe(root_netns, tmp_path, tiny_pair):
-    proc, out = capacity(tmp_path, UNREACHABLE)
-    saved = json.loads((out / "capacity.json").read_text())
-    assert saved["capacity"] == 0
-    runs = probe_runs(out)
-    assert sorted(runs) == [1] and sorted(saved["measured"]) == ["1"]  # 1 does not keep it
-    (run, row) = runs[1]
-    check_probe(run, row, 1, saved["measured"]["1"])
-    assert saved["measured"]["1"] < UNREACHABLE
-    assert "capacity at 1000000000.0 tok/s: 0 devices" in proc.stdout
     assert leftovers(LAB) == []
