@@ -91,14 +91,18 @@ class Relay(UdpPeer):
 
 
 class LossyRelay(Relay):
-    """Drops everything while `down` is set."""
+    """Drops everything while `down` is set; `dropped` counts the datagrams it dropped."""
 
     def __init__(self, server: tuple[str, int]) -> None:
         self.down = threading.Event()
+        self.dropped = 0
         super().__init__(server)
 
     def lost(self, way: str) -> bool:
-        return self.down.is_set()
+        if self.down.is_set():
+            self.dropped += 1
+            return True
+        return False
 
 
 def problems(n: int, seed: int = 5) -> list[dict]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from agents.balance.engine import EngineExecutor
@@ -105,26 +103,44 @@ def test_kv_accounting_matches_the_growth_of_resident_memory(tiny_pair, tmp_path
 
 
 def test_profile_times_every_step_in_turns_so_a_slow_moment_costs_one_run_of_each():
+    """On a fake clock that each step advances by its own cost, in whole ticks (exact): the
+    host is slow (every step 20 times its cost) for round 4 of 7, which then costs one run of
+    each step; the medians drop it and equal the steps' usual costs exactly. The idle wait
+    before a step named in `idle_before` is slept on the same clock and is not timed."""
     from agents.balance.measure import interleaved_medians
 
     order: list[str] = []
-    clock = {"slow": False}
+    ticks = [0]  # the fake clock
+    slept: list[int] = []
+    costs: dict[str, list[int]] = {"a": [], "b": []}  # what each run of a step took
+    host = {"slow": False}
 
-    def step(name: str, seconds: float):
+    def step(name: str, cost: int):
         def run() -> None:
             order.append(name)
-            time.sleep(seconds * (20 if clock["slow"] else 1))
+            took = cost * (20 if host["slow"] else 1)
+            costs[name].append(took)
+            ticks[0] += took
             if len(order) == 2 + 2 * 3:  # after round 3 of 7 the host slows for one round
-                clock["slow"] = True
+                host["slow"] = True
             elif len(order) == 2 + 2 * 4:
-                clock["slow"] = False
+                host["slow"] = False
 
         return run
 
-    medians = interleaved_medians({"a": step("a", 0.002), "b": step("b", 0.001)}, repeats=7)
+    def sleep(seconds: int) -> None:
+        slept.append(seconds)
+        ticks[0] += seconds
+
+    medians = interleaved_medians(
+        {"a": step("a", 2), "b": step("b", 1)}, repeats=7, idle_before={"b": 1000},
+        now=lambda: ticks[0], sleep=sleep,
+    )  # fmt: skip
     assert order == ["a", "b"] * 8  # a warm-up round, then 7 rounds in turns
-    assert medians["a"] == pytest.approx(0.002, abs=0.0015)
-    assert medians["b"] == pytest.approx(0.001, abs=0.0015)
+    # the slow round (round 4, after the warm-up) cost one run of each step, no more
+    assert costs == {"a": [2, 2, 2, 2, 40, 2, 2, 2], "b": [1, 1, 1, 1, 20, 1, 1, 1]}
+    assert slept == [1000] * 7  # before every timed run of b (not the warm-up)
+    assert medians == {"a": 2, "b": 1}
 
 
 def test_profile_of_the_tiny_pair_fits_every_point_it_timed(tiny_pair):

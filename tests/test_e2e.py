@@ -1,8 +1,10 @@
 """End to end: `testbed run experiments/smoke.yaml`, resume, dry run, and one small experiment
 on each lab kind: namespaces, mininet and inventory (over namespace hosts).
 
-These bring up real namespaces, sshd per host, the NFQUEUE link emulation and the agents
-through Fabric; they need root (CI runs them as root). Runs use lab `erun` on 10.78.5.0/24
+These bring up real namespaces, sshd per host, the link emulation and the agents through
+Fabric; they need root (CI runs them as root). The link backend is tc netem where the kernel
+has sch_netem, else the NFQUEUE holder (`choose_backend`): where a playbook asks for none, the
+tests expect the one it chooses on this machine. Runs use lab `erun` on 10.78.5.0/24
 (TESTBED_LAB_NAME / TESTBED_LAB_SUBNET), so they share a machine with other labs.
 """
 
@@ -24,6 +26,7 @@ from agents.workloads.gsm8k import default_path as gsm8k_default
 from testbed.labs import EmulatedLab, LabSetup, SystemRunner
 from testbed.labs.clean import leftovers
 from testbed.labs.physical import describe_namespace_lab
+from testbed.links.detect import choose_backend
 from testbed.results.store import RunStore
 from testbed.runner.run import execute
 
@@ -86,7 +89,8 @@ def test_link_measures_as_requested(smoke_run):
     assert 0.02 <= df.loc[0.1, "loss_up_measured"] <= 0.2
     assert 0.02 <= df.loc[0.1, "loss_down_measured"] <= 0.2
     assert df.loc[1.0, "loss_up_measured"] == 1.0
-    assert set(df["backend"]) <= {"nfqueue", "netem"}
+    # the smoke playbook asks for no backend: the one this machine's kernel allows
+    assert set(df["backend"]) == {choose_backend("auto", SystemRunner())[0]}
 
 
 def test_verified_answers_equal_target_greedy_at_zero_loss(smoke_run):
@@ -166,11 +170,17 @@ def test_dry_run_prints_actions_and_changes_nothing(tmp_path):
         [*TESTBED, "run", str(REPO / "experiments" / "smoke.yaml"), "--dry-run",
          "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "COLUMNS": "1000"},  # one command a line
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = proc.stdout
-    for needle in ("ip netns add", "NFQUEUE", "agents.sled.server", "agents.sled.device"):
+    for needle in ("ip netns add", "agents.sled.server", "agents.sled.device"):
         assert needle in text, needle
+    # the link commands of the backend a dry run chooses on this kernel, and not the other's
+    backend, why = choose_backend("auto", SystemRunner(dry_run=True))
+    marks = {"netem": " netem limit ", "nfqueue": " -j NFQUEUE "}
+    assert marks[backend] in text, (backend, why)
+    assert all(mark not in text for name, mark in marks.items() if name != backend), backend
     assert list(tmp_path.iterdir()) == []
     assert leftovers(LAB) == []
 

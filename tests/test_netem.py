@@ -18,7 +18,9 @@ from conftest import require_root_netns
 from testbed.core import stats
 from testbed.core.errors import BadInputError, ImpairmentError, PrivilegeError
 from testbed.labs import EmulatedLab, LabSetup, SystemRunner
-from testbed.links.api import apply, clear, current, verify
+from testbed.links import detect
+from testbed.links.api import apply, apply_each, clear, current, verify
+from testbed.links.detect import choose_backend
 from testbed.links.nfqueue import (
     CHAIN_DOWN,
     CHAIN_UP,
@@ -126,6 +128,25 @@ def test_dry_run_apply_prints_rules_and_starts_nothing(tmp_path: Path) -> None:
     assert "iptables-restore --wait=5 --noflush" in text
     assert "tb-holder --tag tb-bdry-holder --rt-prio 20 --log" in text
     assert not (tmp_path / "impairment.json").exists()
+
+
+@pytest.mark.parametrize("kernel_has_netem", [True, False])
+def test_auto_runs_a_link_with_a_schedule_in_the_packet_holder_whatever_the_kernel(
+    tmp_path: Path, monkeypatch, kernel_has_netem: bool
+) -> None:
+    """netem has no schedules or traces: `auto` takes the holder for them on any kernel (and
+    netem, where the kernel has it, for a steady link); `netem` asked for them is refused."""
+    monkeypatch.setattr(detect, "netem_available", lambda runner=None: kernel_has_netem)
+    lab = _dry_lab(tmp_path)
+    runner = SystemRunner(dry_run=True, echo=lambda _l: None)
+    steady = apply(lab, LinkProfile(rtt_ms=85), backend="auto", runner=runner)
+    assert steady.backend == ("netem" if kernel_has_netem else "nfqueue")
+    cut = LinkProfile(rtt_ms=85, schedule=(ScheduleStep(at_s=1, loss=1.0),))
+    imp = apply_each(lab, {"dev1": LinkProfile(rtt_ms=85), "dev2": cut}, "auto", runner)
+    assert imp.backend == "nfqueue" and "schedule" in imp.reason
+    assert choose_backend("auto", probe=lambda: True, varies=True)[0] == "nfqueue"
+    with pytest.raises(ImpairmentError, match="cannot run a schedule"):
+        apply(lab, cut, backend="netem", runner=runner)
 
 
 def test_netem_backend_commands(tmp_path: Path) -> None:

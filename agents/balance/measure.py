@@ -42,7 +42,12 @@ LOOP_STEPS = ("ad_step", "ad_step_after_idle", "sd_round", "sd_round_after_idle"
 
 
 def interleaved_medians(
-    steps: dict[str, Step], repeats: int, idle_before: dict[str, float] | None = None
+    steps: dict[str, Step],
+    repeats: int,
+    idle_before: dict[str, float] | None = None,
+    *,
+    now: Callable[[], float] = clock.monotonic,
+    sleep: Callable[[float], None] = clock.sleep,
 ) -> dict[str, float]:
     """Median seconds of each step, timed in turns: every round runs each step once.
 
@@ -52,6 +57,8 @@ def interleaved_medians(
     twice their usual time, which shut SD out of a whole lab run. A step named in
     `idle_before` runs after the process slept that many seconds (untimed), as the engine
     loop's first step of a period does; the others run right after the previous step.
+    Times are read off `now` and idle waits slept with `sleep` (default: the agents' clock,
+    `agents.emulation.clock`).
     """
     idle_before = idle_before or {}
     for step in steps.values():
@@ -60,10 +67,10 @@ def interleaved_medians(
     for _ in range(repeats):
         for name, step in steps.items():
             if name in idle_before:
-                clock.sleep(idle_before[name])
-            start = clock.monotonic()
+                sleep(idle_before[name])
+            start = now()
             step()
-            runs[name].append(clock.monotonic() - start)
+            runs[name].append(now() - start)
     return {name: statistics.median(times) for name, times in runs.items()}
 
 

@@ -135,7 +135,7 @@ def apply(
 
     Devices not named keep their current profile, and every backup link keeps its own.
     `backend` is auto | netem | nfqueue (auto keeps the backend already in use, else netem where
-    the kernel has it, else nfqueue).
+    the kernel has it, else nfqueue; nfqueue wherever a link has a schedule or a trace).
     """
     profiles = dict.fromkeys(_names(lab, devices), profile)
     return apply_each(lab, profiles, backend, runner)
@@ -165,11 +165,12 @@ def apply_each(
     merged.update(profiles)
     merged_backup = dict(was.backup) if was else {}
     merged_backup.update(backup or {})
-    if was is not None and backend == "auto":
+    varies = any(p.varies for p in (*merged.values(), *merged_backup.values()))
+    if was is not None and backend == "auto" and not (varies and was.backend == "netem"):
         name, reason = was.backend, was.reason
     else:
         probe = (lambda: hostside.hosts_have_netem(lab)) if lab.impaired_on_hosts else None
-        name, reason = choose_backend(backend, runner, probe)
+        name, reason = choose_backend(backend, runner, probe, varies=varies)
     return _set_profiles(lab, was, (merged, merged_backup), name, reason, runner)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from testbed.core.errors import BadInputError, PrivilegeError
+from testbed.core.errors import BadInputError, ImpairmentError, PrivilegeError
 from testbed.labs import naming
 from testbed.labs.system import SystemRunner
 
@@ -46,13 +46,23 @@ def choose_backend(
     requested: str = "auto",
     runner: SystemRunner | None = None,
     probe: Callable[[], bool] | None = None,
+    *,
+    varies: bool = False,
 ) -> tuple[BackendName, str]:
     """(backend, why) for `requested` in auto | netem | nfqueue; `probe` says whether the
-    kernel(s) where links are impaired have sch_netem (default: this machine's)."""
+    kernel(s) where links are impaired have sch_netem (default: this machine's). A link that
+    `varies` (a schedule or a trace) needs the packet holder, whatever the kernel has."""
     if requested not in ("auto", "netem", "nfqueue"):
         raise BadInputError(f"backend: expected auto, netem or nfqueue, got {requested!r}")
     if requested == "nfqueue":
         return "nfqueue", "requested"
+    if varies:
+        if requested == "netem":
+            raise ImpairmentError(
+                "tc netem cannot run a schedule or trace: use backend nfqueue or auto, whose "
+                "packet holder steps through them"
+            )
+        return "nfqueue", "a schedule or trace: the packet holder steps through it"
     if requested == "netem" and probe is not None and runner is not None and runner.dry_run:
         return "netem", "requested (unchecked: a dry run touches no host)"
     has_netem = probe() if probe else netem_available(runner)
