@@ -11,6 +11,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -117,7 +118,7 @@ def test_the_agent_runs_as_a_module_and_exits_2_on_bad_input(tmp_path):
 
 class LocalHosts:
     """HostControl's calls that `target_answers` makes, run on this machine: every "host" is
-    a folder here; `start` runs the command to its end at once."""
+    a folder here; `start` runs the agent to its end at once."""
 
     dry_run = False
 
@@ -138,11 +139,19 @@ class LocalHosts:
         return Path(local)
 
     def start(self, host, name, command, env=None):
+        """The agent's command line, run in this process to its end (its log: what it said)."""
         self.started.append(command)
+        argv = shlex.split(command)
+        assert argv[:3] == [host.python, "-m", "agents.reference"], argv
         log = Path(host.workdir) / f"{name}.log"
-        with log.open("w") as fh:
-            rc = subprocess.run(shlex.split(command), cwd=REPO, stdout=fh, stderr=fh,
-                                env=None).returncode  # fmt: skip
+        with log.open("w") as fh, redirect_stdout(fh), redirect_stderr(fh):
+            try:
+                rc = agent.main(argv[3:])
+            except SystemExit as exc:
+                rc = exc.code
+            except Exception as exc:  # as the process would end
+                print(f"{type(exc).__name__}: {exc}", file=fh)
+                rc = 1
         (Path(host.workdir) / f"{name}.rc").write_text(str(rc))
         return RemoteProcess(host.name, name, 1, host.workdir, "", str(log),
                              f"{host.workdir}/{name}.rc")  # fmt: skip
