@@ -137,6 +137,17 @@ def test_every_finished_user_gets_the_large_models_greedy_output(balance_run):
         refused = users[users["outcome"] == "refused"]
         assert refused["completion_s"].isna().all() and refused["matches_target"].isna().all()
         assert entry["metrics"]["outputs_equal_target"] == len(done)
+    # the greedy output, computed once on the server host by the target its server loads
+    manifest = outcome.store.manifest()
+    (where,) = manifest["reference"]
+    assert (where["host"], where["model"]) == ("server", manifest["models"]["target"])
+    book = json.loads(outcome.store.reference_answers.read_text())
+    assert [c["problems"] for c in book["computed"]] == [USERS]
+    users = users_of(outcome, entries["hybrid"])
+    for _, u in users.iterrows():  # each user asks for its reference's length
+        answer = book["answers"][f"{u['problem']}@32"]
+        assert u["output_tokens"] == len(answer["tokens"])
+        assert u["prompt_tokens"] == len(answer["prompt_tokens"])
 
 
 def test_every_user_is_accounted_for(balance_run):
@@ -313,6 +324,7 @@ def test_dry_run_names_the_server_and_the_clients(tmp_path):
     assert "agents.balance.server" in text and "--policy" in text
     assert "agents.balance.client" in text and "--start-at" in text
     assert "agents.balance.measure" in text
+    assert "start reference:" in text and "-m agents.reference" in text  # on the server host
 
 
 @pytest.mark.parametrize(

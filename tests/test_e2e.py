@@ -104,6 +104,28 @@ def test_verified_answers_equal_target_greedy_at_zero_loss(smoke_run):
     assert row["fallback_share"] == 0 and row["acceptance_rate"] > 0
 
 
+def test_the_reference_answers_come_from_the_server_host(smoke_run):
+    """Computed once, on the server host by the target its server loads (on this lab the
+    controller's tiny target, whose digests the manifest already holds), and what every
+    condition's `target_text` is."""
+    run, df, stdout = smoke_run
+    manifest = json.loads((run / "manifest.json").read_text())
+    target = manifest["models"]["target"]
+    (where,) = manifest["reference"]
+    assert where["host"] == "server" and where["model"] == target
+    assert where["sha256"] == manifest["models"]["sha256"][target]
+    assert where["sha256_from"] == "controller" and where["engine"] == f"torch:{target}"
+    book = json.loads((run / "reference_answers.json").read_text())
+    (computed,) = book["computed"]  # the three conditions share their problems
+    assert computed["problems"] == 6 and computed["max_new"] == 48
+    said = " ".join(stdout.split())  # as printed, wrapped to the terminal
+    assert said.count("reference answers of 6 problems by the target on server") == 1
+    for cond in df["condition"]:
+        req = pd.read_parquet(RunStore(run).condition_dir(cond) / "requests.parquet")
+        for pid, text in zip(req["problem"], req["target_text"], strict=True):
+            assert text == book["answers"][f"{pid}@48"]["text"]
+
+
 def test_total_loss_completes_on_fallback(smoke_run):
     run, df, _ = smoke_run
     row = df.loc[1.0]
@@ -243,6 +265,8 @@ def test_dry_run_prints_each_lab_kinds_commands(tmp_path, kind, needle):
     assert makes_hosts == (kind in ("namespaces", "mininet"))  # an inventory's hosts exist
     held = "--physdev-in p-dev2" if kind != "inventory-hosts" else "-d 10.78.6.3/32 -i eth0"
     assert held in text and "agents.sled.device" in text
+    # the reference answers: by the target on the server host, the same path on every kind
+    assert re.search(r"\(server\): start reference: .* -m agents\.reference --model ", text)
     assert leftovers(LAB) == []
 
 

@@ -118,6 +118,13 @@ def test_results_commands(runs, tmp_path, monkeypatch):
     assert result.exit_code == 2 and "query failed" in result.output
     result = runner.invoke(app, ["results", "show", str(runs[0])])
     assert result.exit_code == 0 and "verified tok/s" in result.output
+    RunStore(runs[0]).update_manifest(reference=[{
+        "host": "a100", "model": "/srv/m/llama", "device": "cuda", "sha256": {"a": "b"},
+        "sha256_from": "inventory target_checkpoint.files"}])  # fmt: skip
+    result = runner.invoke(app, ["results", "show", str(runs[0])])
+    assert "reference answers: on a100 by /srv/m/llama (cuda; sha256 from inventory" in " ".join(
+        result.output.split()
+    )
 
 
 def test_a_link_to_a_run_is_not_another_run(runs, tmp_path):

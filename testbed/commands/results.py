@@ -68,6 +68,10 @@ def show(run: str = typer.Argument(..., help="run folder, or a run id under resu
         files = (models.get("sha256") or {}).get(models.get(role), {})
         digests = ", ".join(f"{name} {sha[:12]}" for name, sha in files.items())
         typer.echo(f"{role}: {models.get(role)}" + (f"  (sha256 {digests})" if digests else ""))
+    for where in m.get("reference") or []:  # where the answers `=target` compares with came from
+        known = "sha256 from " + where["sha256_from"] if where.get("sha256") else "sha256 unknown"
+        typer.echo(f"reference answers: on {where.get('host')} by {where.get('model')} "
+                   f"({where.get('device')}; {known})")  # fmt: skip
     tables = sorted({p.name for p in store.root.glob("conditions/*/*.parquet")})
     typer.echo("tables: " + ", ".join(["conditions.parquet", *tables]))
     df = condition_frame(store)

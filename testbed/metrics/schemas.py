@@ -81,7 +81,7 @@ class RequestRecord:
     reference: str | None = None
     strict_correct: bool | None = None
     flexible_correct: bool | None = None
-    target_text: str | None = None  # the target's own greedy answer (controller, AD)
+    target_text: str | None = None  # the target's own greedy answer (AD, on the server host)
     matches_target: bool | None = None
     target_strict_correct: bool | None = None  # the target's own answer, scored alike
     target_flexible_correct: bool | None = None

@@ -7,7 +7,8 @@ Layout (see results/README.md):
     <run>/journal.jsonl          one line per finished condition (done or failed), appended
     <run>/conditions/<cid>/      the condition's folder (`ConditionFolder`)
     <run>/conditions.parquet     one row per condition, rebuilt from the journal
-    <run>/reference_answers.json the target's own answers, computed once per run
+    <run>/reference_answers.json the target's own greedy answers, computed on the server host
+                                 once per problem and answer length (testbed.runner.reference)
 
 A condition's folder is filled under `conditions/.<cid>.partial/` and renamed into place before
 its journal line is appended, so after a crash a condition is either complete and journaled,

@@ -1,7 +1,9 @@
 """One BALANCE condition on a lab: users on the devices send their requests over their links
 to one hybrid AD/SD server under a memory budget.
 
-Its steps, read top to bottom in `run_balance`: the links applied and checked (the
+Its steps, read top to bottom in `run_balance`: the users' problems and their reference
+answers (the target's own greedy output, computed on the server host by the model it runs,
+`testbed.runner.reference`, as for every mode); the links applied and checked (the
 playbook's `link`, or the topology profile `link_profile` names); the cost model (measured on
 the server host as its engines run: on an emulated lab paced to the hardware its class stands
 for, the memory in the bytes of the catalogue's models; or `balance.profile`); the users
@@ -18,7 +20,6 @@ output), the cost model, the pacing table and the journal's metrics.
 
 from __future__ import annotations
 
-import functools
 import json
 import shlex
 import time
@@ -32,8 +33,7 @@ from agents.balance.problem import Users, default_service, make_instance, servab
 from agents.balance.serve import workload_span_s
 from agents.emulation.stepcost import GB
 from agents.records import read_records
-from agents.spec.decoding import generate_ad
-from agents.workloads.arithmetic import heldout_problems, prompt
+from agents.workloads.arithmetic import Problem, heldout_problems
 from testbed.balance.cost_file import read_cost_model
 from testbed.balance.over_link import LinkView, over_link
 from testbed.balance.simulator import simulate
@@ -62,26 +62,13 @@ from testbed.runner.context import RunContext, condition_devices, condition_dila
 from testbed.runner.emulation import EMULATION_FILE, ConditionTime, emulation_tag
 from testbed.runner.lab_key import ensure_lab_key, key_path_on, place_lab_key
 from testbed.runner.link_step import condition_link_step
+from testbed.runner.reference import Answer, target_answers
 
 SERVER_FILES = ("served.jsonl", "summary.json", "pacing.jsonl")
 CLIENT_FILES = ("balance_requests.jsonl", "status.json")
 COST_MODEL = "cost-model.json"  # in the condition's folder: the cost model it ran with
 CLIENT_LEAD_S = 4.0  # real seconds from starting the clients to their users' time zero
 PREDICTION_DRAWS = 10  # simulated runs per condition (accepted drafts and losses drawn)
-
-
-@functools.lru_cache(maxsize=2)
-def _engine(model_dir: str):
-    from agents.engines.torch_hf import TorchEngine
-
-    return TorchEngine(model_dir, threads=1)
-
-
-@functools.lru_cache(maxsize=4096)
-def reference_tokens(target: str, question: str, max_new: int) -> tuple[int, ...]:
-    """The target's own greedy output for a prompt (computed on the controller, once)."""
-    engine = _engine(target)
-    return tuple(generate_ad(engine, engine.tokenize(question), max_new).tokens)
 
 
 def draft_folder(draft: str) -> str:
@@ -97,25 +84,30 @@ def draft_folder(draft: str) -> str:
     raise BadInputError(f"models.draft: balance mode needs an HF folder, not {draft}")
 
 
-def user_rows(pb: Playbook, target: str, devices: list[str]) -> list[dict[str, Any]]:
-    """The condition's users: held-out arithmetic problems, each asking for the length of the
-    target's greedy answer, with a deadline of base + length x a per-token time drawn from the
-    playbook's range, sent as a Poisson process of `balance.rate_per_s` (drawn from `seed` +
+def user_problems(pb: Playbook) -> list[Problem]:
+    """The condition's users' problems: `balance.users` held-out arithmetic problems."""
+    return heldout_problems(pb.balance.users, seed=pb.workload.seed)
+
+
+def user_rows(pb: Playbook, problems: list[Problem], reference: dict[str, Answer],
+              devices: list[str]) -> list[dict[str, Any]]:  # fmt: skip
+    """The condition's users, one per problem, each asking for the length of the target's
+    greedy answer (`reference`, computed on the server host: its prompt's and its answer's
+    token ids), with a deadline of base + length x a per-token time drawn from the playbook's
+    range, sent as a Poisson process of `balance.rate_per_s` (drawn from `seed` +
     `workload.arrival.seed`, which a repetition shifts); user k on device k mod N."""
     b = pb.balance
     rng = np.random.default_rng(pb.seed + pb.workload.arrival.seed)
-    problems = heldout_problems(b.users, seed=pb.workload.seed)
-    max_new = pb.workload.max_new_tokens
     arrivals = np.cumsum(rng.exponential(1 / b.rate_per_s, b.users))
     per_token = rng.uniform(*b.deadline_per_token_s, b.users)
     rows = []
     for i, p in enumerate(problems):
-        ref = reference_tokens(target, prompt(p), max_new)
-        ids = _engine(target).tokenize(prompt(p))
+        ref = reference[p.id]
         rows.append({
-            "uid": i, "dev": devices[i % len(devices)], "problem": p.id, "prompt": ids,
-            "output": len(ref), "reference": list(ref),
-            "deadline_s": b.deadline_base_s + len(ref) * float(per_token[i]),
+            "uid": i, "dev": devices[i % len(devices)], "problem": p.id,
+            "prompt": list(ref.prompt_tokens), "output": len(ref.tokens),
+            "reference": list(ref.tokens),
+            "deadline_s": b.deadline_base_s + len(ref.tokens) * float(per_token[i]),
             "arrive_s": float(arrivals[i]),
         })  # fmt: skip
     return rows
@@ -243,6 +235,8 @@ def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> di
     links = condition_links(ctx.lab, names, pb, when.dilation)
     ctx.say(f"{cond.id}: link rtt {pb.link.rtt_ms} ms, loss {pb.link.loss}"
             + (f", time dilated x{when.dilation:g}" if when.dilation != 1 else ""))  # fmt: skip
+    problems = user_problems(pb)
+    reference = target_answers(ctx, cond, problems, pb.workload.max_new_tokens)
     with condition_link_step(ctx, links, when, staged, pb.impairment) as link:
         records = f"runs/{cond.id}"
         on = {h.name: f"{h.workdir}/{records}" for h in [server, *devices]}
@@ -258,7 +252,7 @@ def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> di
         cost = cost_model_on(ctx, server, pb, staged, f"{on[server.name]}/{EMULATION_FILE}",
                              emulation_tag(doc), (draft, target))  # fmt: skip
         place_lab_key(hosts, [server, *devices], ensure_lab_key(ctx.lab.runtime_dir))
-        rows = [] if ctx.dry_run else user_rows(pb, ctx.target_model, names)
+        rows = [] if ctx.dry_run else user_rows(pb, problems, reference, names)
         for dev in devices:
             place_emulation(hosts, dev, cond, ctx.lab.emulated, when.on_host(clocks[dev.name]),
                             inputs, on[dev.name])  # fmt: skip

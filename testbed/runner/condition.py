@@ -1,6 +1,7 @@
 """One condition of the SLED family on a lab, as named steps, read top to bottom in
-`run_condition`: its links (applied and checked), its inputs, its agents, their records
-collected, and its tables.
+`run_condition`: its problems and their reference answers (the target's own, computed on the
+server host by `testbed.runner.reference` where the run has none yet), its links (applied and
+checked), its inputs, its agents, their records collected, and its tables.
 
 The mode decides which agents start: `sled` and `centralized` a verification server and one
 device agent per device; `device-only` the device agents alone (draft only, no server);
@@ -50,6 +51,7 @@ from testbed.runner.context import RunContext, condition_devices, condition_dila
 from testbed.runner.emulation import ConditionTime
 from testbed.runner.lab_key import ensure_lab_key, place_lab_key
 from testbed.runner.link_step import condition_link_step
+from testbed.runner.reference import target_answers
 from testbed.runner.workload import arrivals_for, problems_for, write_problem_file
 
 READY_TIMEOUT_S = 120.0  # a server loads its model and listens within this (real time)
@@ -86,8 +88,12 @@ def run_condition(ctx: RunContext, cond: Condition, folder: ConditionFolder) -> 
     profile = links.requested
     ctx.say(f"{cond.id}: link rtt {profile.rtt_ms} ms, loss {profile.loss}"
             + (f", time dilated x{when.dilation:g}" if when.dilation != 1 else ""))  # fmt: skip
+    problems = problems_for(pb.workload, [d.name for d in devices],
+                            None if ctx.dry_run else ctx.target_model)  # fmt: skip
+    every = [p for name in problems for p in problems[name]]
+    reference = target_answers(ctx, cond, every, pb.workload.max_new_tokens)
     with condition_link_step(ctx, links, when, folder, pb.impairment) as link:
-        problems = write_inputs(ctx, cond, devices, folder)
+        write_inputs(cond, problems, folder)
         agents = Agents(ctx.lab.inventory().server, devices, f"runs/{cond.id}")
         try:
             start_agents(ctx, cond, agents, folder, when)
@@ -99,25 +105,19 @@ def run_condition(ctx: RunContext, cond: Condition, folder: ConditionFolder) -> 
         finally:
             stop_agents(ctx.hosts, agents)
         link.close()
-    reference = ctx.reference(problems, pb.workload.max_new_tokens)
-    return {"link": link.record, "metrics": tables(cond, folder, reference, info)}
+    texts = {pid: answer.text for pid, answer in reference.items()}
+    return {"link": link.record, "metrics": tables(cond, folder, texts, info)}
 
 
 # --- the steps ------------------------------------------------------------------------------
 
 
-def write_inputs(
-    ctx: RunContext, cond: Condition, devices: list[InventoryHost], folder: ConditionFolder
-) -> list[Problem]:
-    """Each device's problems (and arrival times) in the condition's inputs; every problem."""
-    pb = cond.playbook
-    names = [d.name for d in devices]
-    problems = problems_for(pb.workload, names, None if ctx.dry_run else ctx.target_model)
-    arrivals = arrivals_for(pb.workload, names)
-    for name in names:
-        write_problem_file(problems[name], folder.inputs() / f"{name}.problems.jsonl",
-                           arrivals[name])  # fmt: skip
-    return [p for name in names for p in problems[name]]
+def write_inputs(cond: Condition, problems: dict[str, list[Problem]],
+                 folder: ConditionFolder) -> None:  # fmt: skip
+    """Each device's problems (and arrival times) in the condition's inputs."""
+    arrivals = arrivals_for(cond.playbook.workload, list(problems))
+    for name, mine in problems.items():
+        write_problem_file(mine, folder.inputs() / f"{name}.problems.jsonl", arrivals[name])
 
 
 def start_agents(ctx: RunContext, cond: Condition, agents: Agents, folder: ConditionFolder,

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from agents.workloads.arithmetic import Problem
 from testbed.config.playbook import Condition
 from testbed.hosts.control import HostControl
 from testbed.hosts.inventory import Inventory, InventoryHost
 from testbed.labs.interface import Lab
+from testbed.runner.reference import ReferenceBook
 
 
 @dataclass
@@ -20,8 +20,8 @@ class RunContext:
     hosts: HostControl
     draft_model: str
     target_model: str
-    # (problems, max_new) -> problem id -> the target's own greedy answer
-    reference: Callable[[list[Problem], int], dict[str, str]]
+    # the run's reference answers (testbed.runner.reference: computed on the server host)
+    references: ReferenceBook
     say: Callable[[str], None]
     dry_run: bool = False
     # device -> why it stopped answering during the run (left out of every later condition)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import yaml
 
-from agents.workloads.arithmetic import Problem
 from testbed.balance.budget import check_budget
 from testbed.config.playbook import (
     DEFAULT_MAX_CONDITIONS,
@@ -46,7 +45,7 @@ from testbed.runner.emulation import check_emulation, time_dilation
 from testbed.runner.models import resolve_models
 from testbed.runner.modes import condition_runner
 from testbed.runner.pilot import at_dilation, run_dilated
-from testbed.runner.reference import target_answers
+from testbed.runner.reference import ReferenceBook
 from testbed.topo.topology import Topology
 
 LAB_NAME = "run"
@@ -100,8 +99,9 @@ def _import_torch_before_ansible() -> None:
     """Import torch's compiler before the lab's inventory is read through ansible-core.
 
     ansible-core replaces `sys.intern` by a callable object when imported; torch._dynamo,
-    imported later (by the reference target model), refuses that object and fails. Imported
-    first, torch registers the real `sys.intern` and both work.
+    imported later (by a model loaded on the controller, as in the tiny pair's build),
+    refuses that object and fails. Imported first, torch registers the real `sys.intern` and
+    both work.
     """
     import torch._dynamo  # noqa: F401
 
@@ -231,20 +231,23 @@ def execute(
     setup = run_lab_setup(pb, source)
     check_conditions(conditions, setup.topology, source)
 
-    def reference(problems: list[Problem], max_new: int) -> dict[str, str]:
-        return target_answers(models.target, problems, max_new, cache=store.reference_answers)
-
     done = failed = 0
     counts = ", ".join(f"{n} {c}" for c, n in setup.topology.class_counts().items())
     say(f"{pb.lab.kind} lab up: {setup.topology.server.name} + {counts} devices")
     with running_lab(pb.lab.kind, setup, say) as lab, HostControl(lab.inventory()) as hosts:
+        digests = model_digests(models.draft, models.target)
         store.update_manifest(
             lab=lab.describe(),
             models={"draft": models.draft, "target": models.target,
-                    "tokenizer_hash": models.tokenizer_hash,
-                    "sha256": model_digests(models.draft, models.target)},
+                    "tokenizer_hash": models.tokenizer_hash, "sha256": digests},
         )  # fmt: skip
-        ctx = RunContext(lab, hosts, models.draft, models.target, reference, say)
+        # the reference answers: computed on the server host, by the model it runs there
+        references = ReferenceBook(
+            store.reference_answers,
+            digests,
+            lambda computed: store.update_manifest(reference=computed),
+        )
+        ctx = RunContext(lab, hosts, models.draft, models.target, references, say)
         for cond in todo:
             if pb.lab.kind == "inventory":
                 _leave_out_lost(ctx, store, cond.id)
@@ -312,7 +315,7 @@ def _dry_run(pb: Playbook, conditions: Sweep, say: Callable[[str], None]) -> Run
     lab = lab_class(pb.lab.kind).up(setup, runner=runner, progress=lambda msg: say(f"  {msg}"))
     hosts = HostControl(lab.inventory(), dry_run=True, echo=lambda line: say(f"  {line}"))
     with hosts, tempfile.TemporaryDirectory() as tmp:
-        ctx = RunContext(lab, hosts, "<draft>", "<target>", lambda _p, _n: {}, say, dry_run=True)
+        ctx = RunContext(lab, hosts, "<draft>", "<target>", ReferenceBook(None), say, dry_run=True)
         for cond in conditions:
             say(f"condition {cond.id}")
             staged = ConditionFolder(Path(tmp) / cond.id)
