@@ -12,7 +12,7 @@ import pytest
 from testbed.config.playbook import load_playbook
 from testbed.core.errors import BadInputError
 from testbed.metrics.capacity import deciding_counts
-from testbed.report.capacity_searches import capacity_rows, capacity_searches
+from testbed.report.capacity_searches import capacity_rows, capacity_searches, found
 from testbed.report.dashboard import index_page
 from testbed.results.store import RunStore
 from testbed.runner import capacity as capacity_module
@@ -98,3 +98,9 @@ def test_deciding_counts_are_the_capacity_and_the_count_above():
     assert deciding_counts(14, [1, 32, 16, 8, 12, 14, 15]) == [14, 15]
     assert deciding_counts(0, [4]) == [4]
     assert deciding_counts(32, [1, 32]) == [32]
+
+
+def test_a_search_whose_smallest_probe_failed_says_fewer_than_it():
+    assert found(0, [{"devices": 8}]) == "< 8"
+    assert found(0, [{"devices": 1}]) == "0"
+    assert found(14, [{"devices": 1}, {"devices": 14}]) == "14"

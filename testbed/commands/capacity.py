@@ -38,7 +38,15 @@ def capacity(
             "" if probe["faithful"] else "  unfaithful"
         )
         typer.echo(f"{n:>8} {shown:>30} {dilation:>9}{flags}")
-    typer.echo(f"capacity at {rate} tok/s: {result.capacity} devices ({folder}/capacity.json)")
+    probed = [p["devices"] for p in saved["probes"]]
+    found = (
+        f"fewer than {min(probed)}" if not result.capacity and min(probed) > 1 else result.capacity
+    )
+    typer.echo(f"capacity at {rate} tok/s: {found} devices ({folder}/capacity.json)")
+    if not result.capacity and min(probed) > 1:
+        typer.echo(
+            f"the smallest count probed ({min(probed)}) did not keep it: probe lower with --low"
+        )
     behind = [p["devices"] for p in saved["probes"] if not p["faithful"]]
     if not saved["faithful"]:
         typer.echo(

@@ -55,7 +55,14 @@ def capacity_rows(searches: list[dict[str, Any]]) -> list[list[str]]:
         gap = ratio is not None and abs(ratio - 1) > PAPER_GAP
         why = paper.get("why") or ("(no reason given)" if gap else "")
         rows.append([
-            s["search"], str(s["mode"]), f"{s['rate']:g}", str(s["capacity"]), faithful, shown,
+            s["search"], str(s["mode"]), f"{s['rate']:g}", found(s["capacity"], probes),
+            faithful, shown,
             "-" if value is None else f"{value:g}", "-" if ratio is None else f"{ratio:.2f}", why,
         ])  # fmt: skip
     return rows
+
+
+def found(capacity: int, probes: list[dict[str, Any]]) -> str:
+    """The capacity as found: '< N' when the smallest count probed, N > 1, did not keep the rate."""
+    smallest = min((p["devices"] for p in probes), default=1)
+    return f"< {smallest}" if capacity == 0 and smallest > 1 else str(capacity)
