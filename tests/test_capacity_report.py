@@ -1,37 +1,19 @@
 """Capacity searches keep each probe's faithfulness and dilation, and the dashboard's index
-lists every search with the paper's figure. The probes' runs are stand-ins here (a server of
-100 verified tok/s whose forwards fall behind above 10 devices); tests/test_capacity_live.py
-runs real ones."""
+lists every search with the paper's figure. The probes' runs are stand-ins here
+(tests/capacity_stand_in.py); tests/test_capacity_e2e.py runs real ones."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from capacity_stand_in import FAITHFUL_UP_TO, probe_run
 
-from testbed.config.playbook import load_playbook
 from testbed.core.errors import BadInputError
 from testbed.metrics.capacity import deciding_counts
 from testbed.report.capacity_searches import capacity_rows, capacity_searches, found
 from testbed.report.dashboard import index_page
-from testbed.results.store import RunStore
 from testbed.runner import capacity as capacity_module
-from testbed.runner.run import RunOutcome
-
-FAITHFUL_UP_TO = {"n": 10}  # the stand-in server's forwards fall behind above this count
-
-
-def probe_run(path, out, say):
-    pb = load_playbook(path)
-    n = pb.lab.devices
-    ok = n <= FAITHFUL_UP_TO["n"]
-    store = RunStore(out / pb.name)
-    store.create({"run_id": pb.name})
-    metrics = {"device_verified_tok_s_min": 100 / n, "compute_faithful": ok,
-               "behind_share": 0.0 if ok else 0.05}  # fmt: skip
-    store.commit("c00", store.staging("c00"), {"condition": "c00", "index": 0, "status": "done",
-                 "link": {"time_dilation": 2.0}, "metrics": metrics})  # fmt: skip
-    return RunOutcome(store, 1, 0, 0)
 
 
 @pytest.fixture

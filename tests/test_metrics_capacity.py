@@ -8,26 +8,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from capacity_stand_in import probe_run
 
-from testbed.config.playbook import load_playbook
 from testbed.core.errors import BadInputError
-from testbed.results.store import RunStore
 from testbed.runner import capacity as capacity_module
-from testbed.runner.run import RunOutcome
-
-
-def fake_execute(path, out, say):
-    pb = load_playbook(path)
-    store = RunStore(out / pb.name)
-    store.create({"run_id": pb.name})
-    rate = 100 / pb.lab.devices
-    store.commit("c00", store.staging("c00"), {"condition": "c00", "index": 0, "status": "done",
-                 "metrics": {"device_verified_tok_s_min": rate}})  # fmt: skip
-    return RunOutcome(store, 1, 0, 0)
 
 
 def test_capacity_probes_runs_at_each_device_count(tmp_path, monkeypatch):
-    monkeypatch.setattr(capacity_module, "execute", fake_execute)
+    monkeypatch.setattr(capacity_module, "execute", probe_run)
     playbook = tmp_path / "pb.yaml"
     playbook.write_text("name: cap\ntopology: topologies/star.yaml\n")
     result = capacity_module.run_capacity(
@@ -42,7 +30,7 @@ def test_capacity_probes_runs_at_each_device_count(tmp_path, monkeypatch):
 
 
 def test_a_rate_the_lowest_count_misses_is_capacity_0_after_that_probe(tmp_path, monkeypatch):
-    monkeypatch.setattr(capacity_module, "execute", fake_execute)
+    monkeypatch.setattr(capacity_module, "execute", probe_run)
     playbook = tmp_path / "pb.yaml"
     playbook.write_text("name: cap\n")
     result = capacity_module.run_capacity(

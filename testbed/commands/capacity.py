@@ -23,6 +23,7 @@ def capacity(
     import time
 
     from testbed.core.paths import results_dir
+    from testbed.report.capacity_searches import found
     from testbed.runner.capacity import run_capacity
 
     folder = out or results_dir() / f"capacity-{playbook.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -38,15 +39,10 @@ def capacity(
             "" if probe["faithful"] else "  unfaithful"
         )
         typer.echo(f"{n:>8} {shown:>30} {dilation:>9}{flags}")
-    probed = [p["devices"] for p in saved["probes"]]
-    found = (
-        f"fewer than {min(probed)}" if not result.capacity and min(probed) > 1 else result.capacity
-    )
-    typer.echo(f"capacity at {rate} tok/s: {found} devices ({folder}/capacity.json)")
-    if not result.capacity and min(probed) > 1:
-        typer.echo(
-            f"the smallest count probed ({min(probed)}) did not keep it: probe lower with --low"
-        )
+    shown_capacity = found(result.capacity, saved["probes"])
+    typer.echo(f"capacity at {rate} tok/s: {shown_capacity} devices ({folder}/capacity.json)")
+    if shown_capacity.startswith("<"):
+        typer.echo("the smallest count probed did not keep it: probe lower with --low")
     behind = [p["devices"] for p in saved["probes"] if not p["faithful"]]
     if not saved["faithful"]:
         typer.echo(
