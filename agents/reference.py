@@ -9,14 +9,16 @@ there (on a lab of real hardware, the file the site playbook placed), so the ref
 model the hosts run and not the controller's.
 
 `--problems` is a JSON list of objects, each with `id` (a non-empty string, unique) and
-`prompt` (the prompt text every model sees). Each prompt is tokenized by the model's own
-tokenizer and decoded greedily (autoregressive, one token per forward:
-`agents.spec.decoding.generate_ad`) up to `--max-new` new tokens or EOS. `--out` gets one JSON
+`prompt` (the prompt text every model sees), and optionally the request fields of
+`agents.workloads.request` (`prompt_ids`, `max_new`, `hold`). Each prompt is tokenized by the
+model's own tokenizer (or taken as its `prompt_ids`) and decoded greedily (autoregressive, one
+token per forward: `agents.spec.decoding.generate_ad`) up to its `max_new` (default
+`--max-new`) new tokens or EOS (exactly that many, past EOS, when held). `--out` gets one JSON
 object: where and with what the answers were computed (`host`, `model`, `engine`, `device`,
 `threads`, `tokenizer_hash`, `max_new`, `seconds`) and `answers`, one per problem in input
-order: `id`, `text` (the answer detokenized), `tokens` (its ids) and `prompt_tokens` (the
-prompt's ids, BOS first). A malformed problems file stops the agent (exit 2) with the file
-and the field at fault, before any model is loaded.
+order: `id`, `text` (the answer up to its first EOS, detokenized), `tokens` (its ids) and
+`prompt_tokens` (the prompt's ids, BOS first). A malformed problems file stops the agent
+(exit 2) with the file and the field at fault, before any model is loaded.
 """
 
 from __future__ import annotations
@@ -31,15 +33,23 @@ from typing import Any
 
 from agents.engines.factory import load_engine
 from agents.spec.decoding import generate_ad
+from agents.workloads.request import (
+    answer_limit,
+    answer_text,
+    check_item,
+    prompt_ids,
+    stop_token,
+)
 
 
 class ProblemsError(ValueError):
     """A problems file the agent cannot read: its message names the file and the field."""
 
 
-def load_problems(path: Path) -> list[dict[str, str]]:
-    """The problems of a `--problems` file, as `{"id", "prompt"}`; ProblemsError naming the
-    file and the field (`problems[3].prompt`) where the file is not what the agent reads."""
+def load_problems(path: Path) -> list[dict[str, Any]]:
+    """The problems of a `--problems` file, as `{"id", "prompt"}` and the optional request
+    fields; ProblemsError naming the file and the field (`problems[3].prompt`) where the file
+    is not what the agent reads."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -50,7 +60,7 @@ def load_problems(path: Path) -> list[dict[str, str]]:
         raise ProblemsError(f"{path}: not JSON ({exc})") from exc
     if not isinstance(items, list):
         raise ProblemsError(f"{path}: expected a JSON list of problems, got {type(items).__name__}")
-    problems: list[dict[str, str]] = []
+    problems: list[dict[str, Any]] = []
     seen: set[str] = set()
     for i, item in enumerate(items):
         where = f"{path}: problems[{i}]"
@@ -69,17 +79,23 @@ def load_problems(path: Path) -> list[dict[str, str]]:
         if item["id"] in seen:
             raise ProblemsError(f"{where}.id: {item['id']!r} appears twice")
         seen.add(item["id"])
-        problems.append({"id": item["id"], "prompt": item["prompt"]})
+        try:
+            check_item(item, where)
+        except ValueError as exc:
+            raise ProblemsError(str(exc)) from None
+        fields = ("id", "prompt", "prompt_ids", "max_new", "hold")
+        problems.append({k: item[k] for k in fields if k in item})
     return problems
 
 
-def answer_all(engine: Any, problems: list[dict[str, str]], max_new: int) -> list[dict[str, Any]]:
+def answer_all(engine: Any, problems: list[dict[str, Any]], max_new: int) -> list[dict[str, Any]]:
     """Each problem's greedy answer by `engine`: id, text, tokens, prompt_tokens."""
     out = []
     for p in problems:
-        ids = engine.tokenize(p["prompt"])
-        tokens = [int(t) for t in generate_ad(engine, ids, max_new).tokens]
-        out.append({"id": p["id"], "text": engine.detokenize(tokens), "tokens": tokens,
+        ids = prompt_ids(engine, p)
+        gen = generate_ad(engine, ids, answer_limit(p, max_new), stop_id=stop_token(engine, p))
+        tokens = [int(t) for t in gen.tokens]
+        out.append({"id": p["id"], "text": answer_text(engine, tokens), "tokens": tokens,
                     "prompt_tokens": [int(t) for t in ids]})  # fmt: skip
     return out
 

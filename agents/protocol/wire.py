@@ -179,7 +179,8 @@ class Error(Message):
 
 @dataclass
 class Generate(Message):
-    """Device -> server, centralized mode: generate up to max_new tokens after prompt."""
+    """Device -> server, centralized mode: generate up to max_new tokens after prompt
+    (exactly max_new, past EOS, when `hold`: an answer held to its length)."""
 
     kind: ClassVar[Kind] = Kind.GENERATE
     dev: str
@@ -188,6 +189,7 @@ class Generate(Message):
     prompt: list[int]
     max_new: int
     epoch: str = ""
+    hold: bool = False
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 Devices that send only their prompt (GENERATE) get autoregressive greedy generation by the
 target. All running generations advance together, one token each per batched forward;
-a new one joins between steps and a finished one (EOS or max_new) leaves, as in vLLM's
-continuous batching. The result goes back in one RESULT when a generation finishes.
+a new one joins between steps and a finished one (EOS or max_new; max_new alone for an
+answer held to its length) leaves, as in vLLM's continuous batching. The result goes back
+in one RESULT when a generation finishes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from agents.emulation import clock
 from agents.engines.base import Engine
 from agents.spec.decoding import finish
 from agents.spec.session import TrackedSession
+from agents.workloads.request import NO_STOP
 
 
 @dataclass
@@ -30,6 +32,7 @@ class RunningRequest:
     committed: list[int]
     max_new: int
     arrived: float
+    stop_id: int  # EOS, or NO_STOP for an answer held to max_new
     out: list[int] = field(default_factory=list)
     steps: int = 0
     started: float | None = None
@@ -53,10 +56,18 @@ class ContinuousBatcher:
         return key in self.running or any(g.key == key for g in self.waiting)
 
     def join(self, key: Hashable, rid: int, addr: tuple[str, int], prompt: list[int],
-             max_new: int) -> None:  # fmt: skip
+             max_new: int, hold: bool = False) -> None:  # fmt: skip
         """Queue a generation; it enters the batch at the next step with room."""
-        gen = RunningRequest(key, rid, addr, TrackedSession(self.engine), list(prompt), max_new,
-                         clock.monotonic())  # fmt: skip
+        gen = RunningRequest(
+            key,
+            rid,
+            addr,
+            TrackedSession(self.engine),
+            list(prompt),
+            max_new,
+            clock.monotonic(),
+            NO_STOP if hold else self.engine.eos_id,
+        )
         self.waiting.append(gen)
 
     def step(self) -> tuple[list[RunningRequest], int]:
@@ -80,7 +91,7 @@ class ContinuousBatcher:
             token = int(np.argmax(logits[g.tracked.sid][-1]))
             g.committed.append(token)
             g.steps += 1
-            g.out, g.done = finish(g.out + [token], self.engine.eos_id, g.max_new)
+            g.out, g.done = finish(g.out + [token], g.stop_id, g.max_new)
             if g.done:
                 finished.append(g)
                 self.remove(g.key)

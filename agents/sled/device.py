@@ -48,6 +48,7 @@ from agents.spec.confidence import confident_prefix
 from agents.spec.decoding import draft_tokens, finish
 from agents.spec.session import TrackedSession
 from agents.spec.sparse import sparse_rows
+from agents.workloads.request import answer_limit, answer_text, check_item, prompt_ids, stop_token
 
 # the round falls back
 RETRY_LATER = {"kv_pool_full", "kv_queue_timeout", "engine_error", "sequence_too_long"}
@@ -107,6 +108,8 @@ def request_record(dev: str, problem: dict[str, Any], t_start: float, t_end: flo
         "t_arrival": problem.get("t_arrival"), "t_end": t_end, "prompt_tokens": prompt_tokens,
         "tokens": len(out), "verified_tokens": verified, "fallback_tokens": fallback,
         "rounds": rounds, "text": text, "ids": out, "reference": problem.get("reference"),
+        "asked_tokens": problem.get("max_new") if problem.get("hold") else None,
+        "stands_for": problem.get("stands_for"),
     }  # fmt: skip
 
 
@@ -228,8 +231,9 @@ class DeviceAgent:
         n = confident_prefix(conf, self.cfg.retry_confidence)
         return n if n < len(drafts) else None
 
-    def _draft(self, committed: list[int], k: int):
-        """This round's drafts: first the look-ahead carried over, then fresh drafting.
+    def _draft(self, committed: list[int], k: int, stop: int):
+        """This round's drafts: first the look-ahead carried over, then fresh drafting (which
+        ends at the stop token: EOS, or none for a held answer).
 
         Returns (drafts, q rows or None, confidences, how many came from the look-ahead)."""
         cfg = self.cfg
@@ -240,20 +244,23 @@ class DeviceAgent:
         if low is not None:  # the confidence stop applies to carried drafts too
             drafts, conf = drafts[: low + 1], conf[: low + 1]
         used = len(drafts)
-        if low is not None or (drafts and drafts[-1] == self.engine.eos_id) or used == k:
+        if low is not None or (drafts and drafts[-1] == stop) or used == k:
             return drafts, None, conf, used
         more, q = draft_tokens(self.drafter, committed + drafts, k - used, cfg.temperature,
-                               self.rng, cfg.top_k, conf, cfg.min_confidence)  # fmt: skip
+                               self.rng, cfg.top_k, conf, cfg.min_confidence, stop)  # fmt: skip
         return drafts + more, q, conf, used
 
     def run_problem(self, problem: dict[str, Any]) -> dict[str, Any]:
         """Generate an answer to one problem; write round records; return the request record."""
         cfg = self.cfg
         sid = str(problem["id"])
-        committed = self.engine.tokenize(problem["prompt"])
+        committed = prompt_ids(self.engine, problem)
         n_prompt = len(committed)
+        stop, max_new = stop_token(self.engine, problem), answer_limit(problem, cfg.max_new)
         synced = 0  # how many of `committed` the server holds
         self.carry = ([], [])  # look-ahead of another problem's last round is not ours
+        if self.ahead:
+            self.ahead.stop_id = stop
         out: list[int] = []
         verified = fallback = rounds = 0
         t_start = clock.now()
@@ -262,7 +269,7 @@ class DeviceAgent:
             k = self.lengths.current if self.lengths else cfg.draft_len
             timeout_ms = self.retry.timeout_ms
             modelled_before = modelled_total_s(self.engine)
-            drafts, q, conf, used = self._draft(committed, k)
+            drafts, q, conf, used = self._draft(committed, k, stop)
             draft_ms = (clock.now() - t0) * 1000
             modelled_after = modelled_total_s(self.engine)
             draft_modelled_ms = (
@@ -301,7 +308,7 @@ class DeviceAgent:
             committed.extend(emitted)
             if mode == "verified":
                 synced = len(committed)
-            out, done = finish(out + emitted, self.engine.eos_id, cfg.max_new)
+            out, done = finish(out + emitted, stop, max_new)
             n_new = len(out) - before
             if mode == "verified":
                 verified += n_new
@@ -341,9 +348,9 @@ class DeviceAgent:
                 break
         if self.online:
             self.link.send(wire.End(cfg.dev, sid, self.next_rid(), self.epoch))
-        text = self.engine.detokenize(out)
-        record = request_record(cfg.dev, problem, t_start, clock.now(), n_prompt, out, text,
-                                verified, fallback, rounds)  # fmt: skip
+        record = request_record(cfg.dev, problem, t_start, clock.now(), n_prompt, out,
+                                answer_text(self.engine, out), verified, fallback,
+                                rounds)  # fmt: skip
         self.records.write("requests", record)
         return record
 
@@ -355,7 +362,8 @@ class DeviceAgent:
         """
         cfg = self.cfg
         sid = str(problem["id"])
-        prompt = self.engine.tokenize(problem["prompt"])
+        prompt = prompt_ids(self.engine, problem)
+        max_new, hold = answer_limit(problem, cfg.max_new), stop_token(self.engine, problem) < 0
         t_start = clock.now()
         reply: wire.Message | None = None
         attempts = 0
@@ -363,7 +371,7 @@ class DeviceAgent:
             self.handshake()
         while self.online and clock.now() - t_start < cfg.generate_timeout_s and not self.stopping:
             rid = self.next_rid()
-            msg = wire.Generate(cfg.dev, rid, sid, prompt, cfg.max_new, self.epoch)
+            msg = wire.Generate(cfg.dev, rid, sid, prompt, max_new, self.epoch, hold)
             while clock.now() - t_start < cfg.generate_timeout_s and not self.stopping:
                 self.link.send(msg)
                 attempts += 1
@@ -397,7 +405,7 @@ class DeviceAgent:
              "server_compute_ms": getattr(reply, "gen_ms", None)},
         )  # fmt: skip
         record = request_record(cfg.dev, problem, t_start, t_end, len(prompt), out,
-                                self.engine.detokenize(out), len(out), 0, 1)  # fmt: skip
+                                answer_text(self.engine, out), len(out), 0, 1)  # fmt: skip
         self.records.write("requests", record)
         return record
 
@@ -432,6 +440,7 @@ def load_problems(path: Path) -> list[dict[str, Any]]:
         for key in ("id", "prompt"):
             if key not in item:
                 raise ValueError(f"{path}:{n}: problem lacks the key {key!r}")
+        check_item(item, f"{path}:{n}")
         problems.append(item)
     return problems
 

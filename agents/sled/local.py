@@ -30,6 +30,7 @@ from agents.power import PowerSampler, detect_source
 from agents.records import RecordWriter
 from agents.sled.device import load_problems, request_record
 from agents.spec.decoding import Generation, generate_ad, generate_sd
+from agents.workloads.request import answer_limit, answer_text, prompt_ids, stop_token
 
 
 class LocalServer:
@@ -54,17 +55,19 @@ class LocalServer:
         self.draft_len = draft_len
         self.stopping = False
 
-    def generate(self, prompt: list[int]) -> Generation:
+    def generate(self, prompt: list[int], max_new: int, stop: int) -> Generation:
         if self.mode == "sd" and self.draft is not None:
-            return generate_sd(self.draft, self.target, prompt, self.max_new, self.draft_len)
-        return generate_ad(self.target, prompt, self.max_new)
+            return generate_sd(self.draft, self.target, prompt, max_new, self.draft_len,
+                               stop_id=stop)  # fmt: skip
+        return generate_ad(self.target, prompt, max_new, stop_id=stop)
 
     def run_problem(self, problem: dict[str, Any]) -> dict[str, Any]:
         """Answer one problem; write its round and request records; return the request."""
         dev, sid = str(problem["dev"]), str(problem["id"])
-        prompt = self.target.tokenize(problem["prompt"])
+        prompt = prompt_ids(self.target, problem)
         t_start = clock.now()
-        gen = self.generate(prompt)
+        gen = self.generate(prompt, answer_limit(problem, self.max_new),
+                            stop_token(self.target, problem))  # fmt: skip
         t_end = clock.now()
         out = gen.tokens
         self.records.write(
@@ -75,7 +78,7 @@ class LocalServer:
              "draft_ms": gen.draft_seconds * 1000,
              "server_compute_ms": (t_end - t_start) * 1000},
         )  # fmt: skip
-        text = self.target.detokenize(out)
+        text = answer_text(self.target, out)
         n = len(out)
         record = request_record(dev, problem, t_start, t_end, len(prompt), out, text, n, 0, 1)
         self.records.write("requests", record)

@@ -17,8 +17,9 @@ from agents.spec.session import TrackedSession
 class LookAhead:
     """Greedy drafts beyond the pending round, one per `step`, at most `cap`."""
 
-    def __init__(self, drafter: TrackedSession, cap: int, eos_id: int) -> None:
-        self.drafter, self.cap, self.eos_id = drafter, cap, eos_id
+    def __init__(self, drafter: TrackedSession, cap: int, stop_id: int) -> None:
+        self.drafter, self.cap = drafter, cap
+        self.stop_id = stop_id  # the token that ends the answer (none for a held answer)
         self.base: list[int] = []
         self.tokens: list[int] = []
         self.conf: list[float] = []
@@ -29,10 +30,11 @@ class LookAhead:
 
     def step(self) -> bool:
         """Draft one more look-ahead token; False when there is nothing more to do."""
-        if not self.base or len(self.tokens) >= self.cap or self.eos_id in self.tokens:
+        if not self.base or len(self.tokens) >= self.cap or self.stop_id in self.tokens:
             return False
         conf: list[float] = []
-        token = draft_tokens(self.drafter, self.base + self.tokens, 1, confidences=conf)[0][0]
+        token = draft_tokens(self.drafter, self.base + self.tokens, 1, confidences=conf,
+                             stop_id=self.stop_id)[0][0]  # fmt: skip
         self.tokens.append(token)
         self.conf.extend(conf)
         return True

@@ -249,7 +249,7 @@ class VerificationServer:
             batch[:] = [p for p in batch if p.msg.dev != msg.dev]  # a newer rid supersedes
             batch.append(Pending(msg, addr, clock.monotonic()))
         elif self._admit(key, len(msg.prompt) + msg.max_new):
-            self.batcher.join(key, msg.rid, addr, msg.prompt, msg.max_new)
+            self.batcher.join(key, msg.rid, addr, msg.prompt, msg.max_new, msg.hold)
         else:
             self._no_room(Pending(msg, addr, clock.monotonic()), clock.monotonic())
 
@@ -260,7 +260,7 @@ class VerificationServer:
         key = (m.dev, m.sid)
         if waiting or not self._admit(key, len(m.prompt) + m.max_new):
             return self._no_room(p, since) or waiting
-        self.batcher.join(key, m.rid, p.addr, m.prompt, m.max_new)
+        self.batcher.join(key, m.rid, p.addr, m.prompt, m.max_new, m.hold)
         return waiting
 
     def generate_step(self) -> None:

@@ -40,10 +40,12 @@ class Generation:
         return acceptance_rate(self.accepted, self.drafted) or 0.0
 
 
-def finish(tokens: list[int], eos_id: int, max_new: int) -> tuple[list[int], bool]:
-    """Cut generated tokens at EOS (kept) or max_new; say whether generation is over."""
-    if eos_id in tokens:
-        tokens = tokens[: tokens.index(eos_id) + 1]
+def finish(tokens: list[int], stop_id: int, max_new: int) -> tuple[list[int], bool]:
+    """Cut generated tokens at the stop token (kept; the engine's EOS, or
+    `agents.workloads.request.NO_STOP` for an answer held to its length) or max_new; say
+    whether generation is over."""
+    if stop_id in tokens[:max_new]:
+        tokens = tokens[: tokens.index(stop_id) + 1]
         return tokens, True
     if len(tokens) >= max_new:
         return tokens[:max_new], True
@@ -56,8 +58,11 @@ def generate_ad(
     max_new: int,
     temperature: float = 0.0,
     rng: np.random.Generator | None = None,
+    stop_id: int | None = None,
 ) -> Generation:
-    """The target alone, one token per forward."""
+    """The target alone, one token per forward, until max_new tokens or the stop token
+    (default the engine's EOS)."""
+    stop = engine.eos_id if stop_id is None else stop_id
     t0 = clock.monotonic()
     session = TrackedSession(engine)
     committed = list(prompt)
@@ -69,7 +74,7 @@ def generate_ad(
             steps += 1
             token = pick(logits, temperature, rng)
             committed.append(token)
-            out, done = finish(out + [token], engine.eos_id, max_new)
+            out, done = finish(out + [token], stop, max_new)
             if done:
                 break
     finally:
@@ -86,19 +91,22 @@ def draft_tokens(
     top_k: int | None = None,
     confidences: list[float] | None = None,
     min_confidence: float = 0.0,
+    stop_id: int | None = None,
 ) -> tuple[list[int], np.ndarray | None]:
     """Draft k tokens after committed; return them and their draft distributions (sampling).
 
     Greedy drafting uses the engine's `draft_greedy` fast path where it has one (llama.cpp),
-    which may stop early after EOS. With top_k, each token is sampled from the top_k most
-    likely tokens, renormalised (`agents.spec.sparse`), and that truncated row is returned.
-    Given a `confidences` list, each draft's probability under the draft is appended to it
-    and drafting stops after the first draft below min_confidence.
+    which may stop early after EOS (unless stop_id says the answer is held past it). With
+    top_k, each token is sampled from the top_k most likely tokens, renormalised
+    (`agents.spec.sparse`), and that truncated row is returned. Given a `confidences` list,
+    each draft's probability under the draft is appended to it and drafting stops after the
+    first draft below min_confidence.
     """
     feed = session.prepare(committed)
     fast = getattr(session.engine, "draft_greedy", None)
     if temperature <= 0 and fast is not None:
-        drafts = fast(session.sid, feed, k, confidences=confidences, min_confidence=min_confidence)
+        drafts = fast(session.sid, feed, k, stop_at_eos=stop_id in (None, session.engine.eos_id),
+                      confidences=confidences, min_confidence=min_confidence)  # fmt: skip
         session.record_scored(feed + drafts[:-1])
         return drafts, None
     drafts: list[int] = []
@@ -135,8 +143,11 @@ def generate_sd(
     k: int,
     temperature: float = 0.0,
     rng: np.random.Generator | None = None,
+    stop_id: int | None = None,
 ) -> Generation:
-    """Speculative decoding: the draft proposes k tokens, the target verifies them at once."""
+    """Speculative decoding: the draft proposes k tokens, the target verifies them at once,
+    until max_new tokens or the stop token (default the target's EOS)."""
+    stop = target.eos_id if stop_id is None else stop_id
     if k < 1:
         raise ValueError("draft length k must be >= 1")
     t0 = clock.monotonic()
@@ -146,7 +157,7 @@ def generate_sd(
     try:
         while True:
             t_draft = clock.monotonic()
-            drafts, q = draft_tokens(ds, committed, k, temperature, rng)
+            drafts, q = draft_tokens(ds, committed, k, temperature, rng, stop_id=stop)
             t_verify = clock.monotonic()
             feed = ts.prepare(committed)
             logits = ts.score(feed + drafts)[len(feed) - 1 :]
@@ -161,7 +172,7 @@ def generate_sd(
             gen.rejections += verdict.accepted < len(drafts)
             gen.accepted += verdict.accepted
             gen.accepted_lengths.append(len(new))
-            gen.tokens, done = finish(gen.tokens + new, target.eos_id, max_new)
+            gen.tokens, done = finish(gen.tokens + new, stop, max_new)
             if done:
                 break
     finally:

@@ -31,7 +31,13 @@ HELDOUT_BUCKETS = 10  # one question in HELDOUT_BUCKETS (by hash) belongs to the
 
 @dataclass(frozen=True)
 class Problem:
-    """A word problem: its question, the reference answer text (ending `#### N`) and N."""
+    """A word problem: its question, the reference answer text (ending `#### N`) and N.
+
+    A problem asked as a request of a workload that stands for another (`workload.stands_for`)
+    also carries its prompt as token ids of the stood-for length (`prompt_ids`), the answer
+    length it is held to (`max_new`: exactly that many tokens, EOS not ending it) and the
+    stood-for request it takes those lengths from (`stands_for`, e.g. a GSM8K question's id).
+    """
 
     id: str
     question: str
@@ -39,6 +45,9 @@ class Problem:
     result: int
     kind: str = ""
     prompt_text: str | None = None  # the whole prompt, when not the plain one (few-shot etc.)
+    prompt_ids: tuple[int, ...] | None = None
+    max_new: int | None = None
+    stands_for: str | None = None
 
 
 def prompt(problem: Problem) -> str:

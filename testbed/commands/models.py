@@ -26,35 +26,37 @@ def build_tiny(
     m = pair.manifest
     console.print(f"tiny pair: [bold]{pair.root}[/bold]", soft_wrap=True)
     table = Table()
-    for col in ("model", "params", "layers x hidden", "train steps", "held-out exact match"):
+    cols = ("model", "params", "layers x hidden", "train steps", "held-out exact match",
+            "agreement with target")  # fmt: skip
+    for col in cols:
         table.add_column(col)
-    for role in ("draft", "target"):
-        info = m["models"][role]
+    for name, info in m["models"].items():
         shape = info["shape"]
+        agree = info.get("agreement")
         table.add_row(
-            role,
+            name,
             f"{info['params']:,}",
             f"{shape['layers']} x {shape['hidden']}",
             str(info["train"]["steps"]),
             f"{info['heldout']['exact_match']:.1%} of {info['heldout']['n']}",
+            f"{agree['draft_vs_target_greedy']:.1%}" if agree else "-",
         )
     console.print(table)
-    agreement = m["agreement"]
     console.print(
-        f"draft/target greedy token agreement: {agreement['draft_vs_target_greedy']:.1%} "
-        f"over {agreement['tokens']} tokens"
+        "agreement: the draft's greedy token equals the target's, teacher-forced on the "
+        "target's held-out answers; drafts other than `draft` are the graded family "
+        "(models.draft_grade)"
     )
     console.print(
         f"tokenizer {m['tokenizer']['hash'][:16]} ({m['tokenizer']['vocab_size']} tokens); "
         f"recipe {m['recipe_hash']}; built in {m['build_wall_s']:.0f} s",
         highlight=False,
     )
-    for role in ("draft", "target"):
-        console.print(
-            f"  {role}: {getattr(pair, f'{role}_hf')}/  {getattr(pair, f'{role}_gguf')}",
-            highlight=False,
-            soft_wrap=True,
-        )
+    console.print(f"  target: {pair.target_hf}/  {pair.target_gguf}", highlight=False,
+                  soft_wrap=True)  # fmt: skip
+    for name in pair.draft_names:
+        hf, gguf = pair.draft_files(name)
+        console.print(f"  {name}: {hf}/  {gguf}", highlight=False, soft_wrap=True)
 
 
 def check(

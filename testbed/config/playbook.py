@@ -97,6 +97,12 @@ class ModelsSection(Strict):
         TINY_TARGET_AS,
         description="the catalogue model the target stands for (model@format)",
     )
+    draft_grade: str = Field(
+        "auto",
+        description="tiny pair only: which draft of its graded family runs ('draft', "
+        "'draft-xs', ...); auto: the one whose measured acceptance on the workload is nearest "
+        "the stood-for pair's published acceptance (topologies/workloads.yaml), else 'draft'",
+    )
 
 
 class ArrivalSection(Strict):
@@ -115,10 +121,23 @@ class ArrivalSection(Strict):
 
 
 class WorkloadSection(Strict):
-    kind: Literal["arithmetic", "gsm8k"] = "arithmetic"
+    kind: Literal["arithmetic", "gsm8k"] = Field(
+        "arithmetic",
+        description="what the models read and answer: the tiny pair's own arithmetic problems, "
+        "or GSM8K questions from gsm8k_path",
+    )
+    stands_for: str | None = Field(
+        None,
+        description="the workload the requests stand for (topologies/workloads.yaml, e.g. "
+        "gsm8k-cot-0shot): each request takes the prompt and answer lengths of one of its "
+        "questions with the models.target_as model, its answer held to that length",
+    )
     problems_per_device: int = Field(3, ge=1)
     seed: int = 7
-    max_new_tokens: int = Field(48, ge=1, le=4096)
+    max_new_tokens: int = Field(
+        48, ge=1, le=4096,
+        description="most new tokens an answer takes (with stands_for: a cap on the held lengths)",
+    )  # fmt: skip
     gsm8k_path: str | None = None
     prompt_format: Literal["plain", "lm-eval"] = Field(
         "plain",

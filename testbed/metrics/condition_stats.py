@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from agents.spec.rates import acceptance_rate, mean_accepted_length
+from agents.spec.rates import acceptance_rate, mean_accepted_length, per_token_acceptance
 from testbed.config.costs import CostTable
 from testbed.config.slo import Slo
 from testbed.core.stats import percentile, wilson_interval
@@ -122,6 +122,11 @@ class ConditionStats:
     fallback_rounds: int = 0
     drafted: int = 0  # drafts of verified rounds
     accepted: int = 0
+    rejections: int = 0  # verified rounds that accepted fewer drafts than they sent
+    prompt_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per request
+    answer_lengths: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per request
+    held: int = 0  # requests held to an asked answer length (workload.stands_for)
+    held_short: int = 0  # of them, answers that came out shorter than asked
     draft_lengths: dict[int, int] = field(default_factory=dict)  # drafted -> rounds, all rounds
     confidences: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per drafted token
     latencies_s: dict[str, np.ndarray] = field(default_factory=dict)
@@ -200,6 +205,39 @@ class ConditionStats:
     def mean_accepted_length(self) -> float | None:
         """(accepted + verified_rounds) / verified_rounds: with the bonus/correction token"""
         return mean_accepted_length(self.accepted, self.verified_rounds)
+
+    @property
+    def acceptance_alpha(self) -> float | None:
+        """accepted / (accepted + rejections): the per-token acceptance, independent of the
+        draft length (agents.spec.rates), what a stood-for pair's is compared with"""
+        return per_token_acceptance(self.accepted, self.rejections)
+
+    # -- request shape ----------------------------------------------------------------------
+    @property
+    def prompt_tokens_mean(self) -> float | None:
+        """mean prompt length of the answered requests, tokens"""
+        return float(self.prompt_lengths.mean()) if len(self.prompt_lengths) else None
+
+    @property
+    def answer_tokens_mean(self) -> float | None:
+        """mean answer length (tokens out) of the answered requests"""
+        return float(self.answer_lengths.mean()) if len(self.answer_lengths) else None
+
+    @property
+    def answer_tokens_p50(self) -> float | None:
+        """median answer length, tokens"""
+        return percentile(self.answer_lengths, 50)
+
+    @property
+    def answer_tokens_p90(self) -> float | None:
+        """90th percentile of the answer lengths, tokens"""
+        return percentile(self.answer_lengths, 90)
+
+    @property
+    def held_short_share(self) -> float | None:
+        """held requests whose answer came out shorter than the length asked / held requests
+        (0 expected: a held answer runs to its length)"""
+        return self.held_short / self.held if self.held else None
 
     @property
     def fallback_share(self) -> float | None:
@@ -414,6 +452,13 @@ class ConditionStats:
         s.tokens = int(requests["tokens"].sum())
         s.verified_tokens = int(requests["verified_tokens"].sum())
         s.unverified_tokens = int(requests["fallback_tokens"].sum())
+        s.answer_lengths = requests["tokens"].to_numpy(dtype=float)
+        if "prompt_tokens" in requests:
+            s.prompt_lengths = requests["prompt_tokens"].to_numpy(dtype=float)
+        if "asked_tokens" in requests:
+            asked = requests["asked_tokens"].notna()
+            s.held = int(asked.sum())
+            s.held_short = int((requests["tokens"][asked] < requests["asked_tokens"][asked]).sum())
         per_dev = requests.groupby("dev").agg(
             tokens=("tokens", "sum"),
             verified=("verified_tokens", "sum"),
@@ -437,6 +482,7 @@ class ConditionStats:
             s.fallback_rounds = int(rounds["mode"].isin(UNVERIFIED_ROUNDS).sum())
             s.drafted = int(verified["drafted"].sum())
             s.accepted = int(verified["accepted"].sum())
+            s.rejections = int((verified["accepted"] < verified["drafted"]).sum())
             counts = drafting["drafted"].value_counts()
             s.draft_lengths = {int(g): int(n) for g, n in counts.items()}
             if "conf" in rounds:

@@ -76,6 +76,8 @@ class RequestRecord:
     fallback_tokens: int
     rounds: int
     prompt_tokens: int = 0
+    asked_tokens: int | None = None  # the answer length it was held to (workload.stands_for)
+    stands_for: str | None = None  # the stood-for request it took its lengths from
     t_arrival: float | None = None  # open-loop arrivals: when the request arrived (may wait)
     text: str = ""
     reference: str | None = None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from testbed.models.train import TrainSpec
+
 if TYPE_CHECKING:
     from transformers import LlamaConfig
 
@@ -18,7 +20,7 @@ class ModelSpec:
     ffn: int
     heads: int
     kv_heads: int
-    max_positions: int = 256
+    max_positions: int = 2048
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
 
@@ -33,9 +35,27 @@ class ModelSpec:
             raise ValueError(f"ModelSpec: head size {head} must be even (RoPE)")
 
 
-DRAFT = ModelSpec(layers=1, hidden=64, ffn=192, heads=2, kv_heads=2)  # ~0.1M parameters
+DRAFT = ModelSpec(layers=2, hidden=96, ffn=288, heads=2, kv_heads=2)  # ~0.3M parameters
 # GQA (4 query heads over 2 KV heads) also exercises the K permutation of the GGUF export.
 TARGET = ModelSpec(layers=6, hidden=128, ffn=384, heads=4, kv_heads=2)  # ~1.3M parameters
+
+
+@dataclass(frozen=True)
+class DraftGrade:
+    """One draft of the graded family: its name (also its folder), shape and training."""
+
+    name: str
+    spec: ModelSpec
+    train: TrainSpec
+
+
+# Drafts of graded quality besides DRAFT: weaker (smaller, shorter-trained) and stronger
+# (deeper) ones, so that a run can match the acceptance of the pair it stands for.
+DRAFT_GRADES = (
+    DraftGrade("draft-xs", ModelSpec(1, 32, 96, 2, 2), TrainSpec(200, lr=5e-3, batch_size=8)),
+    DraftGrade("draft-s", ModelSpec(1, 64, 192, 2, 2), TrainSpec(400, lr=5e-3, batch_size=8)),
+    DraftGrade("draft-l", ModelSpec(3, 128, 384, 4, 2), TrainSpec(500, lr=4e-3, batch_size=8)),
+)
 
 
 def llama_config(

@@ -17,8 +17,14 @@ give differently accurate pairs on two machines. The manifest records the build 
 capability and the sha256 of every file, and every run's manifest records the sha256 of the
 model files it used: results name their weights, not just their recipe.
 
-Layout of a pair folder: `manifest.json`, `draft/` and `target/` (config.json,
-model.safetensors, tokenizer files), `draft.gguf`, `target.gguf`.
+Layout of a pair folder: `manifest.json`, and for the target and every draft of the graded
+family an HF folder and a GGUF file: `target/` (config.json, model.safetensors, tokenizer
+files), `target.gguf`, `draft/`, `draft.gguf` (the default draft), `draft-xs/`, ... .
+
+The drafts are graded: besides the default draft the recipe trains smaller and larger ones
+(`TinyRecipe.draft_grades`), all on the same tokenizer and data, so that a run can pick the
+draft whose measured acceptance on its workload is nearest the acceptance of the pair it stands
+for (`testbed.models.grades`).
 """
 
 from __future__ import annotations
@@ -41,17 +47,17 @@ from typing import Any
 from agents.workloads.arithmetic import full_text, heldout_problems, prompt, train_problems
 from testbed.core.files import atomic_replace, file_sha256
 from testbed.core.paths import cache_dir
-from testbed.models.configs import DRAFT, TARGET, ModelSpec
+from testbed.models.configs import DRAFT, DRAFT_GRADES, TARGET, DraftGrade, ModelSpec
 from testbed.models.tokenizer import TokenizerSpec
 from testbed.models.train import TrainSpec
 
-RECIPE_VERSION = 1  # bump when code changes what a build produces
+RECIPE_VERSION = 2  # bump when code changes what a build produces
 MANIFEST = "manifest.json"
 REPRODUCIBILITY = (
     "deterministic on one machine and software stack; CPU kernels differ between vector ISAs "
     "(AVX2/AVX-512/NEON), so other machines build different weights from the same recipe"
 )
-ROLES = ("draft", "target")
+DEFAULT_DRAFT = "draft"
 
 Progress = Callable[[str], None]
 
@@ -66,12 +72,23 @@ class TinyRecipe:
     heldout_seed: int = 2
     n_heldout: int = 200
     tokenizer: TokenizerSpec = TokenizerSpec()
+    row_len: int = 512  # training rows: problems packed end to end (testbed.models.train)
     draft: ModelSpec = DRAFT
     target: ModelSpec = TARGET
-    draft_train: TrainSpec = TrainSpec(steps=400, lr=5e-3)
-    target_train: TrainSpec = TrainSpec(steps=600, lr=4e-3)
+    draft_train: TrainSpec = TrainSpec(steps=400, lr=5e-3, batch_size=8)
+    target_train: TrainSpec = TrainSpec(steps=600, lr=4e-3, batch_size=8)
+    draft_grades: tuple[DraftGrade, ...] = DRAFT_GRADES
     eval_max_new: int = 40
     gguf_ftype: str = "f32"
+
+    def models(self) -> list[tuple[str, ModelSpec, TrainSpec]]:
+        """(name, shape, training) of every model the pair holds: target first, then the
+        default draft, then the other grades."""
+        return [
+            ("target", self.target, self.target_train),
+            (DEFAULT_DRAFT, self.draft, self.draft_train),
+            *((g.name, g.spec, g.train) for g in self.draft_grades),
+        ]
 
 
 def library_versions() -> dict[str, str]:
@@ -103,6 +120,19 @@ class TinyPair:
     @property
     def tokenizer_hash(self) -> str:
         return self.manifest["tokenizer"]["hash"]
+
+    @property
+    def draft_names(self) -> list[str]:
+        """The drafts of the graded family this pair holds, the default first."""
+        return [n for n in self.manifest["models"] if n != "target"]
+
+    def draft_files(self, name: str = DEFAULT_DRAFT) -> tuple[Path, Path]:
+        """(HF folder, GGUF file) of the draft called name."""
+        if name not in self.draft_names:
+            raise PairError(
+                f"{self.root}: no draft {name!r} (expected one of {', '.join(self.draft_names)})"
+            )
+        return self.root / name, self.root / f"{name}.gguf"
 
 
 class PairError(ValueError):
@@ -210,7 +240,7 @@ def build_pair(root: Path, recipe: TinyRecipe, digest: str, say: Progress) -> No
     from testbed.models.evaluate import heldout_accuracy, token_agreement
     from testbed.models.gguf_export import export_gguf
     from testbed.models.tokenizer import save_tokenizer, train_tokenizer
-    from testbed.models.train import TrainProgress, encode_problems, train_model
+    from testbed.models.train import TrainProgress, encode_packed, train_model
 
     hf_logging.disable_progress_bar()
     t0 = time.perf_counter()
@@ -222,23 +252,21 @@ def build_pair(root: Path, recipe: TinyRecipe, digest: str, say: Progress) -> No
     corpus = [full_text(p) for p in train[: tspec.corpus_size]]
     tok: tokenizers.Tokenizer = train_tokenizer(corpus, tspec.vocab_size)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    data = encode_problems(tok, train, bos_id=0, eos_id=1, pad_id=2)
+    data = encode_packed(tok, train, recipe.row_len, bos_id=0, eos_id=1)
 
     models: dict[str, dict[str, Any]] = {}
-    for role in ROLES:
-        spec: ModelSpec = getattr(recipe, role)
-        tr: TrainSpec = getattr(recipe, f"{role}_train")
+    for name, spec, tr in recipe.models():
         config = llama_config(spec, vocab_size)
 
-        def report(p: TrainProgress, role: str = role) -> None:
-            say(p.line(f"training {role}"))
+        def report(p: TrainProgress, name: str = name) -> None:
+            say(p.line(f"training {name}"))
 
-        model, result = train_model(config, data, tr, pad_id=2, progress=report)
-        model.save_pretrained(root / role)
-        save_tokenizer(tok, root / role, tspec.model_max_length)
-        say(f"exporting {role} to GGUF")
-        export_gguf(root / role, root / f"{role}.gguf", recipe.gguf_ftype)
-        models[role] = {
+        model, result = train_model(config, data, tr, progress=report)
+        model.save_pretrained(root / name)
+        save_tokenizer(tok, root / name, tspec.model_max_length)
+        say(f"exporting {name} to GGUF")
+        export_gguf(root / name, root / f"{name}.gguf", recipe.gguf_ftype)
+        models[name] = {
             "params": result.params,
             "shape": {**dataclasses.asdict(spec), "vocab_size": vocab_size},
             "train": {
@@ -253,24 +281,31 @@ def build_pair(root: Path, recipe: TinyRecipe, digest: str, say: Progress) -> No
     say("evaluating on held-out problems")
     threads = recipe.target_train.threads
     old_threads = torch.get_num_threads()
+    agreement: dict[str, dict[str, Any]] = {}
     try:
-        engines = {role: TorchEngine(root / role, threads=threads) for role in ROLES}
-        hashes = {role: engines[role].tokenizer_hash for role in ROLES}
-        if hashes["draft"] != hashes["target"]:
-            raise RuntimeError(f"draft and target tokenizers differ: {hashes}")
-        accuracy = {}
-        for role in ROLES:
-            acc = heldout_accuracy(engines[role], heldout, recipe.eval_max_new)
-            accuracy[role] = acc
-            models[role]["heldout"] = {
+        engines = {name: TorchEngine(root / name, threads=threads) for name in models}
+        hashes = {name: engine.tokenizer_hash for name, engine in engines.items()}
+        if len(set(hashes.values())) != 1:
+            raise RuntimeError(f"the models' tokenizers differ: {hashes}")
+        answers: list[list[int]] = []
+        for name, engine in engines.items():  # the target first: its answers are the truth
+            acc = heldout_accuracy(engine, heldout, recipe.eval_max_new)
+            answers = answers or acc.answers
+            models[name]["heldout"] = {
                 "n": acc.n,
                 "exact_match": acc.exact_match,
                 "flexible": acc.flexible,
                 "by_kind": acc.by_kind,
             }
-            say(f"{role}: held-out exact match {acc.exact_match:.1%}")
+            say(f"{name}: held-out exact match {acc.exact_match:.1%}")
         prompts = [engines["target"].tokenize(prompt(p)) for p in heldout]
-        agree, total = token_agreement(engines["draft"], prompts, accuracy["target"].answers)
+        for name in models:
+            if name == "target":
+                continue
+            agree, total = token_agreement(engines[name], prompts, answers)
+            agreement[name] = {"draft_vs_target_greedy": round(agree / max(1, total), 4),
+                               "tokens": total}  # fmt: skip
+            models[name]["agreement"] = agreement[name]
     finally:
         torch.set_num_threads(old_threads)
 
@@ -288,8 +323,7 @@ def build_pair(root: Path, recipe: TinyRecipe, digest: str, say: Progress) -> No
         "tokenizer": {"hash": hashes["target"], "vocab_size": vocab_size},
         "models": models,
         "agreement": {
-            "draft_vs_target_greedy": round(agree / max(1, total), 4),
-            "tokens": total,
+            **agreement[DEFAULT_DRAFT],
             "what": "draft argmax == target greedy token, teacher-forced on target answers",
         },
         "files": files,

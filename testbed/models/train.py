@@ -1,9 +1,14 @@
 """Train a LlamaForCausalLM from scratch on the synthetic arithmetic set (CPU, deterministic).
 
 Each example is `[BOS] prompt answer [EOS]`, prompt and answer tokenized separately so the
-boundary matches what the model sees at inference (prompt alone, then generation). AdamW with
-linear warm-up and a cosine decay to a tenth of the peak rate; loss on every non-pad token.
-Determinism: a fixed seed for the weights and for batch sampling, and a fixed thread count.
+boundary matches what the model sees at inference (prompt alone, then generation). Examples
+are packed end to end into rows of one fixed length (`encode_packed`), the way language models
+are pre-trained: a row holds several solved problems one after another, so the models learn to
+read earlier solved problems before a question (a few-shot prompt of any length) and to go on
+past an answer's EOS with another problem, which is what an answer held to a fixed length (as
+serving benchmarks hold them) generates. AdamW with linear warm-up and a cosine decay to a
+tenth of the peak rate; loss on every token. Determinism: a fixed seed for the weights and for
+batch sampling, and a fixed thread count.
 """
 
 from __future__ import annotations
@@ -70,20 +75,29 @@ class TrainResult:
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
 
 
-def encode_problems(
-    tokenizer: Tokenizer, problems: Sequence[Problem], bos_id: int, eos_id: int, pad_id: int
-) -> torch.Tensor:
-    """A right-padded (n, max_len) id tensor of `[BOS] prompt answer [EOS]` per problem."""
-    import torch
-
+def example_ids(
+    tokenizer: Tokenizer, problems: Sequence[Problem], bos_id: int, eos_id: int
+) -> list[list[int]]:
+    """`[BOS] prompt answer [EOS]` per problem, prompt and answer tokenized separately."""
     prompts = tokenizer.encode_batch([prompt(p) for p in problems], add_special_tokens=False)
     answers = tokenizer.encode_batch([p.answer for p in problems], add_special_tokens=False)
-    seqs = [[bos_id, *q.ids, *a.ids, eos_id] for q, a in zip(prompts, answers)]
-    width = max(map(len, seqs))
-    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.tensor(s)
-    return out
+    return [[bos_id, *q.ids, *a.ids, eos_id] for q, a in zip(prompts, answers)]
+
+
+def encode_packed(
+    tokenizer: Tokenizer, problems: Sequence[Problem], row_len: int, bos_id: int, eos_id: int
+) -> torch.Tensor:
+    """An (n, row_len) id tensor: every problem's `[BOS] prompt answer [EOS]` end to end, cut
+    into rows of row_len tokens (the tail that fills no whole row is dropped)."""
+    import torch
+
+    if row_len < 2:
+        raise ValueError(f"row_len must be >= 2, got {row_len}")
+    stream = [t for ids in example_ids(tokenizer, problems, bos_id, eos_id) for t in ids]
+    rows = len(stream) // row_len
+    if rows == 0:
+        raise ValueError(f"{len(stream)} tokens fill no row of {row_len}")
+    return torch.tensor(stream[: rows * row_len], dtype=torch.long).view(rows, row_len)
 
 
 def lr_factor(step: int, spec: TrainSpec) -> float:
@@ -97,7 +111,6 @@ def train_model(
     config: LlamaConfig,
     data: torch.Tensor,
     spec: TrainSpec,
-    pad_id: int,
     progress: Callable[[TrainProgress], None] | None = None,
     progress_every_s: float = 5.0,
 ) -> tuple[LlamaForCausalLM, TrainResult]:
@@ -130,12 +143,9 @@ def train_model(
         last_report = t0
         for step in range(spec.steps):
             batch = data[torch.randint(0, len(data), (spec.batch_size,), generator=gen)]
-            width = int((batch != pad_id).sum(1).max())
-            batch = batch[:, :width]
             logits = model(input_ids=batch).logits[:, :-1]
-            target = batch[:, 1:].masked_fill(batch[:, 1:] == pad_id, -100)
             loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100
+                logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)
             )
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)

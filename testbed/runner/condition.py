@@ -30,6 +30,7 @@ from testbed.hosts.control import HostControl, RemoteProcess
 from testbed.hosts.inventory import InventoryHost
 from testbed.labs.clocks import host_clocks
 from testbed.links.plan import condition_links
+from testbed.metrics.acceptance_match import acceptance_match
 from testbed.metrics.clocks import ClockOffset
 from testbed.results.store import ConditionFolder
 from testbed.results.tables import tables_from_records
@@ -48,10 +49,11 @@ from testbed.runner.agents import (
     wait_for_file,
 )
 from testbed.runner.context import RunContext, condition_devices, condition_dilation
+from testbed.runner.draft_choice import DraftChoice, choose_draft, stood_for_acceptance
 from testbed.runner.emulation import ConditionTime
 from testbed.runner.lab_key import ensure_lab_key, place_lab_key
 from testbed.runner.link_step import condition_link_step
-from testbed.runner.reference import target_answers
+from testbed.runner.reference import Answer, target_answers
 from testbed.runner.workload import arrivals_for, problems_for, write_problem_file
 
 READY_TIMEOUT_S = 120.0  # a server loads its model and listens within this (real time)
@@ -64,6 +66,7 @@ class Agents:
     server: InventoryHost
     devices: list[InventoryHost]
     records: str  # the records folder, relative to each host's workdir
+    draft: str  # the draft model file the condition runs (testbed.runner.draft_choice)
     workers: dict[str, RemoteProcess] = field(default_factory=dict)  # host -> agent answering
     server_proc: RemoteProcess | None = None  # the verification server, if one runs
     started: float = field(default_factory=time.time)  # the server's span starts here
@@ -89,12 +92,15 @@ def run_condition(ctx: RunContext, cond: Condition, folder: ConditionFolder) -> 
     ctx.say(f"{cond.id}: link rtt {profile.rtt_ms} ms, loss {profile.loss}"
             + (f", time dilated x{when.dilation:g}" if when.dilation != 1 else ""))  # fmt: skip
     problems = problems_for(pb.workload, [d.name for d in devices],
-                            None if ctx.dry_run else ctx.target_model)  # fmt: skip
+                            None if ctx.dry_run else ctx.target_model,
+                            pb.models.target_as)  # fmt: skip
     every = [p for name in problems for p in problems[name]]
     reference = target_answers(ctx, cond, every, pb.workload.max_new_tokens)
+    choice = (DraftChoice(ctx.draft_model, None, None, stood_for_acceptance(cond)) if ctx.dry_run
+              else choose_draft(cond, ctx.draft_model, every, ctx.say))  # fmt: skip
     with condition_link_step(ctx, links, when, folder, pb.impairment) as link:
         write_inputs(cond, problems, folder)
-        agents = Agents(ctx.lab.inventory().server, devices, f"runs/{cond.id}")
+        agents = Agents(ctx.lab.inventory().server, devices, f"runs/{cond.id}", choice.path)
         try:
             start_agents(ctx, cond, agents, folder, when)
             if ctx.dry_run:
@@ -105,8 +111,9 @@ def run_condition(ctx: RunContext, cond: Condition, folder: ConditionFolder) -> 
         finally:
             stop_agents(ctx.hosts, agents)
         link.close()
-    texts = {pid: answer.text for pid, answer in reference.items()}
-    return {"link": link.record, "metrics": tables(cond, folder, texts, info)}
+    metrics = tables(cond, folder, reference, info) | choice.columns()
+    metrics |= acceptance_match(metrics.get("acceptance_alpha"), metrics["acceptance_as"])
+    return {"link": link.record, "metrics": metrics}
 
 
 # --- the steps ------------------------------------------------------------------------------
@@ -141,7 +148,7 @@ def start_agents(ctx: RunContext, cond: Condition, agents: Agents, folder: Condi
         every.write_text(interleaved([inputs / f"{n}.problems.jsonl" for n in names], names))
         hosts.put(server, every, f"{agents.on(server)}/problems.jsonl")
         ctx.say(f"{cond.id}: answering every device's problems on {server.name} ({pb.mode})")
-        draft = model_on(server, "draft_model", ctx.draft_model)
+        draft = model_on(server, "draft_model", agents.draft)
         command = local_command(server, cond, target, draft, agents.on(server))
         agents.workers[server.name] = hosts.start(server, "sled-local", command, env=AGENT_ENV)
         return
@@ -163,7 +170,7 @@ def start_agents(ctx: RunContext, cond: Condition, agents: Agents, folder: Condi
     agents.workers = hosts.start_all(
         "sled-device",
         lambda h: device_command(
-            h, server, cond, model_on(h, "draft_model", ctx.draft_model), agents.on(h)
+            h, server, cond, model_on(h, "draft_model", agents.draft), agents.on(h)
         ),  # fmt: skip
         agents.devices,
         env=AGENT_ENV,
@@ -188,7 +195,7 @@ def collect(ctx: RunContext, cond: Condition, agents: Agents, folder: ConditionF
     return info
 
 
-def tables(cond: Condition, folder: ConditionFolder, reference: dict[str, str],
+def tables(cond: Condition, folder: ConditionFolder, reference: dict[str, Answer],
            info: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     """Typed Parquet tables from the fetched records; returns the condition's figures (cost
     from the playbook's `costs` file over the default table)."""
@@ -225,15 +232,22 @@ def interleaved(files: list[Path], dev_names: list[str]) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-def score_requests(requests: pd.DataFrame, reference: dict[str, str]) -> pd.DataFrame:
-    """Add strict/flexible correctness and agreement with the target's greedy answer."""
+def score_requests(requests: pd.DataFrame, reference: dict[str, Answer]) -> pd.DataFrame:
+    """Add strict/flexible correctness and agreement with the target's greedy answer: token
+    for token (every token of an answer held past EOS included), or by text where the records
+    carry no ids."""
     if requests.empty:
         return requests
     scored = [score(t, r) for t, r in zip(requests["text"], requests["reference"])]
     requests["strict_correct"] = [s for s, _ in scored]
     requests["flexible_correct"] = [f for _, f in scored]
-    requests["target_text"] = requests["problem"].map(reference)
-    requests["matches_target"] = requests["text"] == requests["target_text"]
+    answers = [reference.get(p) for p in requests["problem"]]
+    requests["target_text"] = [a.text if a else None for a in answers]
+    ids = requests["ids"] if "ids" in requests else [None] * len(requests)
+    requests["matches_target"] = [
+        a is not None and (tuple(int(t) for t in i) == a.tokens if i is not None else t == a.text)
+        for a, i, t in zip(answers, ids, requests["text"])
+    ]
     return requests
 
 

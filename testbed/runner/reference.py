@@ -11,7 +11,8 @@ token ids). On a lab of real hardware `=target` therefore compares with the mode
 run, not with the controller's.
 
 The run keeps every answer in its `reference_answers.json` (`ReferenceBook`), keyed
-`<problem id>@<max_new>` so that a sweep of the answer length gets its own entries, each
+`<problem id>@<max_new>` (`@<max_new>h` for an answer held to its length) so that a sweep of
+the answer length gets its own entries, each
 naming the computation it came from: where (`host`), with which model file (`model`, and its
 files' sha256 where already known: the controller's digests of the manifest on an emulated
 lab, the inventory's `target_checkpoint.files` that the site playbook checked when it placed
@@ -30,12 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents.workloads.arithmetic import Problem, prompt
+from agents.workloads.arithmetic import Problem
 from testbed.config.playbook import Condition
 from testbed.core.errors import AgentError
 from testbed.core.files import atomic_write_json
 from testbed.hosts.inventory import InventoryHost
 from testbed.runner.agents import AGENT_ENV, model_on, wait_for_exit
+from testbed.runner.workload import request_item
 
 if TYPE_CHECKING:
     from testbed.runner.context import RunContext
@@ -58,9 +60,12 @@ class Answer:
     prompt_tokens: tuple[int, ...]
 
 
-def key(problem_id: str, max_new: int) -> str:
-    """An answer's key in reference_answers.json."""
-    return f"{problem_id}@{max_new}"
+def key(problem: Problem, max_new: int) -> str:
+    """A problem's answer's key in reference_answers.json (max_new: the workload's limit, for
+    a problem not held to a length of its own)."""
+    if problem.max_new is not None:
+        return f"{problem.id}@{problem.max_new}h"
+    return f"{problem.id}@{max_new}"
 
 
 @dataclass
@@ -139,8 +144,9 @@ def reference_command(
 def target_answers(
     ctx: RunContext, cond: Condition, problems: list[Problem], max_new: int
 ) -> dict[str, Answer]:
-    """problem id -> the target's greedy answer of at most `max_new` tokens, computed on the
-    server host for those the run's book lacks (empty in a dry run, which prints the steps)."""
+    """problem id -> the target's greedy answer of at most `max_new` tokens (or of exactly a
+    held problem's own length), computed on the server host for those the run's book lacks
+    (empty in a dry run, which prints the steps)."""
     server = ctx.lab.inventory().server
     model = model_on(server, "target_model", ctx.target_model)
     device = cond.playbook.models.server_device
@@ -151,7 +157,7 @@ def target_answers(
         if (c.get("host"), c.get("model"), c.get("device")) == (server.name, model, device)
     }  # fmt: skip
     known = {k: a for k, a in doc["answers"].items() if a.get("by") in same}
-    missing = list({p.id: p for p in problems if key(p.id, max_new) not in known}.values())
+    missing = list({p.id: p for p in problems if key(p, max_new) not in known}.values())
     if missing:
         ctx.say(f"{cond.id}: reference answers of {len(missing)} problems by the target on "
                 f"{server.name} ({model})")  # fmt: skip
@@ -168,8 +174,10 @@ def target_answers(
             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         })  # fmt: skip
         by = len(doc["computed"]) - 1
+        by_id = {p.id: p for p in missing}
         for a in got["answers"]:
-            known[key(a["id"], max_new)] = doc["answers"][key(a["id"], max_new)] = {
+            k = key(by_id[a["id"]], max_new)
+            known[k] = doc["answers"][k] = {
                 "text": a["text"], "tokens": a["tokens"], "prompt_tokens": a["prompt_tokens"],
                 "by": by,
             }  # fmt: skip
@@ -179,7 +187,7 @@ def target_answers(
     return {
         p.id: Answer(a["text"], tuple(a["tokens"]), tuple(a["prompt_tokens"]))
         for p in problems
-        for a in [known[key(p.id, max_new)]]
+        for a in [known[key(p, max_new)]]
     }
 
 
@@ -195,14 +203,15 @@ def compute_on(
     hosts.run(server, f"mkdir -p {shlex.quote(remote)} && rm -f {shlex.quote(out)}")
     with tempfile.TemporaryDirectory(prefix="reference-") as tmp:
         local = Path(tmp) / "problems.json"
-        local.write_text(json.dumps([{"id": p.id, "prompt": prompt(p)} for p in problems]))
+        local.write_text(json.dumps([request_item(p) for p in problems]))
         hosts.put(server, local, given)
         proc = hosts.start(server, "reference",
                            reference_command(server, model, device, threads, max_new, given, out),
                            env=AGENT_ENV)  # fmt: skip
         if ctx.dry_run:
             return {}
-        timeout = LOAD_ALLOWANCE_S + PER_TOKEN_S * max_new * len(problems)
+        tokens = sum(p.max_new or max_new for p in problems)
+        timeout = LOAD_ALLOWANCE_S + PER_TOKEN_S * tokens
         try:
             wait_for_exit(hosts, [proc], timeout)
         finally:

@@ -46,6 +46,7 @@ from testbed.runner.models import resolve_models
 from testbed.runner.modes import condition_runner
 from testbed.runner.pilot import at_dilation, run_dilated
 from testbed.runner.reference import ReferenceBook
+from testbed.runner.workload import check_workload
 from testbed.topo.topology import Topology
 
 LAB_NAME = "run"
@@ -91,6 +92,7 @@ def check_conditions(conditions: Sweep, topology: Topology, source: str) -> None
         where = f"{source} ({cond.id})" if conditions.keys else source
         time_dilation(cond.playbook, where)
         check_emulation(cond.playbook, hosts, where)
+        check_workload(cond.playbook, where)
         if cond.playbook.mode == "balance":
             check_budget(cond.playbook, topology.server.host_class, where)
 
