@@ -103,15 +103,17 @@ def test_manifest_describes_the_pair(tiny_pair) -> None:
         "target/model.safetensors",
     }
     assert expected - {"manifest.json"} <= set(m["files"])
-    for role, spec in (("draft", tiny.TinyRecipe().draft), ("target", tiny.TinyRecipe().target)):
+    for role, spec, _ in tiny.TinyRecipe().models():
+        assert f"{role}.gguf" in m["files"] and f"{role}/model.safetensors" in m["files"]
         info = m["models"][role]
         assert info["shape"]["layers"] == spec.layers and info["shape"]["hidden"] == spec.hidden
         assert info["shape"]["vocab_size"] == m["tokenizer"]["vocab_size"]
         assert info["train"]["seed"] == 0 and info["train"]["steps"] > 0
         assert info["train"]["wall_s"] > 0
         assert info["heldout"]["n"] == 200
-    assert 50_000 < m["models"]["draft"]["params"] < 200_000
+    assert 200_000 < m["models"]["draft"]["params"] < 500_000
     assert 1_000_000 < m["models"]["target"]["params"] < 1_600_000
+    assert tiny_pair.draft_names[0] == "draft" and len(tiny_pair.draft_names) >= 3
     assert len(m["tokenizer"]["hash"]) == 64
 
 
@@ -123,6 +125,18 @@ def test_target_clearly_beats_draft(tiny_pair) -> None:
     agreement = tiny_pair.manifest["agreement"]
     assert 0.6 <= agreement["draft_vs_target_greedy"] < 1.0
     assert agreement["tokens"] > 1000
+
+
+def test_draft_grades_are_graded(tiny_pair) -> None:
+    """The graded family spans weaker and stronger drafts than the default: the smallest
+    agrees with the target less than the default, the largest more, every one below it."""
+    models = tiny_pair.manifest["models"]
+    agree = {n: models[n]["agreement"]["draft_vs_target_greedy"] for n in tiny_pair.draft_names}
+    assert min(agree.values()) < agree["draft"] < max(agree.values()) < 1.0, agree
+    for name in tiny_pair.draft_names:
+        assert models[name]["heldout"]["exact_match"] < models["target"]["heldout"]["exact_match"]
+    with pytest.raises(tiny.PairError, match="no draft"):
+        tiny_pair.draft_files("draft-nope")
 
 
 # --- parts of the recipe ----------------------------------------------------------------------
@@ -142,14 +156,14 @@ def test_training_is_deterministic(tiny_pair) -> None:
     from tokenizers import Tokenizer
 
     from testbed.models.configs import llama_config
-    from testbed.models.train import encode_problems, train_model
+    from testbed.models.train import encode_packed, train_model
 
     tok = Tokenizer.from_file(str(tiny_pair.draft_hf / "tokenizer.json"))
-    data = encode_problems(tok, train_problems(200), 0, 1, 2)
+    data = encode_packed(tok, train_problems(200), 64, 0, 1)
     config = llama_config(ModelSpec(1, 32, 64, 2, 2), tok.get_vocab_size())
     spec = TrainSpec(steps=3, lr=1e-3, batch_size=8)
-    a, res = train_model(config, data, spec, pad_id=2)
-    b, _ = train_model(config, data, spec, pad_id=2)
+    a, res = train_model(config, data, spec)
+    b, _ = train_model(config, data, spec)
     assert res.steps == 3 and res.params == sum(p.numel() for p in a.parameters())
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name

@@ -23,9 +23,9 @@ def test_progress_reports_every_step_up_to_the_last_and_leaves_weights_alone():
     data = torch.randint(3, 64, (16, 10))
     spec = TrainSpec(steps=4, lr=1e-3, batch_size=4)
     seen: list[TrainProgress] = []
-    quiet, _ = train_model(llama_config(DRAFT, 64), data, spec, pad_id=2)
+    quiet, _ = train_model(llama_config(DRAFT, 64), data, spec)
     loud, _ = train_model(
-        llama_config(DRAFT, 64), data, spec, pad_id=2, progress=seen.append, progress_every_s=0
+        llama_config(DRAFT, 64), data, spec, progress=seen.append, progress_every_s=0
     )
     assert [p.step for p in seen] == [1, 2, 3, 4] and seen[-1].eta_s == 0
     assert all(p.steps == 4 and p.loss > 0 for p in seen)

@@ -6,7 +6,10 @@ boundary loses nothing: the draft cache is built when a user enters SD and freed
 leaves. AD steps feed every user's last token in one batched target forward; an SD round drafts
 g tokens for all its users in g batched draft forwards, then verifies all of them in one
 batched target forward with the acceptance rule of `agents.spec.acceptance`. Greedy output
-equals the target's own greedy decoding in both modes (tests/test_balance_engine.py).
+equals the target's own greedy decoding in both modes (tests/test_balance_engine.py). A user
+asks for a number of tokens (the length of the target's own answer, or a length its workload
+stands for) and gets exactly that many: EOS does not end an answer early
+(`agents.workloads.request.NO_STOP`), as serving benchmarks hold output lengths.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from agents.engines.base import Engine
 from agents.spec.acceptance import verify
 from agents.spec.decoding import finish
 from agents.spec.session import TrackedSession
+from agents.workloads.request import NO_STOP
 
 
 @dataclass
@@ -44,6 +48,8 @@ class EngineExecutor:
         self.users: dict[int, _User] = {}
         self.outputs: dict[int, list[int]] = {}
         self._t0 = clock.monotonic()
+        self.accepted = 0  # drafts the target accepted over every SD round
+        self.rejections = 0  # SD rounds (per user) that rejected a draft
 
     def clock(self) -> float:
         return clock.monotonic() - self._t0
@@ -75,7 +81,7 @@ class EngineExecutor:
         for uid, tokens in new.items():
             user = self.users[uid]
             before = len(user.output)
-            user.output, over = finish(user.output + tokens, self.target.eos_id, user.max_new)
+            user.output, over = finish(user.output + tokens, NO_STOP, user.max_new)
             user.committed = user.committed[: user.prompt_len] + user.output
             got[uid] = len(user.output) - before
             if over:
@@ -108,6 +114,8 @@ class EngineExecutor:
         for uid, u in zip(uids, users):
             rows = logits[u.target][offsets[id(u)] :]
             verdict = verify(rows, drafts[id(u)])
+            self.accepted += verdict.accepted
+            self.rejections += verdict.accepted < len(drafts[id(u)])
             u.target.truncate(len(u.committed) + verdict.accepted)
             out[uid] = verdict.emitted(drafts[id(u)])
         return out

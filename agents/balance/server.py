@@ -350,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         "unserved": int((result.mode[list(server.requests)] == UNSERVED).sum())
         if server.requests else 0,
         "peak_reserved_bytes": result.peak_memory_bytes,
+        "sd_accepted": executor.accepted,
+        "sd_rejections": executor.rejections,
         "peak_held_bytes": executor.peak_held_bytes,
         "memory_budget_bytes": args.memory_bytes,
         "rss_peak_bytes": _peak_rss_bytes(),

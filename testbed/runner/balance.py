@@ -33,6 +33,7 @@ from agents.balance.problem import Users, default_service, make_instance, servab
 from agents.balance.serve import workload_span_s
 from agents.emulation.stepcost import GB
 from agents.records import read_records
+from agents.spec.rates import per_token_acceptance
 from agents.workloads.arithmetic import Problem, heldout_problems
 from testbed.balance.cost_file import read_cost_model
 from testbed.balance.over_link import LinkView, over_link
@@ -44,6 +45,7 @@ from testbed.core.files import atomic_write_json
 from testbed.hosts.inventory import InventoryHost
 from testbed.labs.clocks import host_clocks
 from testbed.links.plan import condition_links
+from testbed.metrics.acceptance_match import acceptance_match
 from testbed.metrics.clocks import clock_figures
 from testbed.metrics.condition_stats import pacing_figures
 from testbed.results.store import ConditionFolder
@@ -59,10 +61,12 @@ from testbed.runner.agents import (
 )
 from testbed.runner.condition import READY_TIMEOUT_S, fresh_records
 from testbed.runner.context import RunContext, condition_devices, condition_dilation
+from testbed.runner.draft_choice import choose_draft, stood_for_acceptance
 from testbed.runner.emulation import EMULATION_FILE, ConditionTime, emulation_tag
 from testbed.runner.lab_key import ensure_lab_key, key_path_on, place_lab_key
 from testbed.runner.link_step import condition_link_step
 from testbed.runner.reference import Answer, target_answers
+from testbed.runner.workload import shaped
 
 SERVER_FILES = ("served.jsonl", "summary.json", "pacing.jsonl")
 CLIENT_FILES = ("balance_requests.jsonl", "status.json")
@@ -79,14 +83,21 @@ def draft_folder(draft: str) -> str:
     from testbed.models.tiny import ensure_tiny_pair
 
     pair = ensure_tiny_pair()
-    if Path(draft) == pair.draft_gguf:
-        return str(pair.draft_hf)
+    for name in pair.draft_names:
+        hf, gguf = pair.draft_files(name)
+        if Path(draft) == gguf:
+            return str(hf)
     raise BadInputError(f"models.draft: balance mode needs an HF folder, not {draft}")
 
 
-def user_problems(pb: Playbook) -> list[Problem]:
-    """The condition's users' problems: `balance.users` held-out arithmetic problems."""
-    return heldout_problems(pb.balance.users, seed=pb.workload.seed)
+def user_problems(pb: Playbook, tokenizer: str | None) -> list[Problem]:
+    """The condition's users' problems: `balance.users` held-out arithmetic problems (each
+    shaped as a request of `workload.stands_for` where the playbook names one: its prompt and
+    answer lengths those of a stood-for question, `testbed.runner.workload.shaped`)."""
+    problems = heldout_problems(pb.balance.users, seed=pb.workload.seed)
+    if pb.workload.stands_for:
+        problems = shaped(problems, pb.workload, pb.models.target_as, tokenizer)
+    return problems
 
 
 def user_rows(pb: Playbook, problems: list[Problem], reference: dict[str, Answer],
@@ -235,7 +246,7 @@ def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> di
     links = condition_links(ctx.lab, names, pb, when.dilation)
     ctx.say(f"{cond.id}: link rtt {pb.link.rtt_ms} ms, loss {pb.link.loss}"
             + (f", time dilated x{when.dilation:g}" if when.dilation != 1 else ""))  # fmt: skip
-    problems = user_problems(pb)
+    problems = user_problems(pb, None if ctx.dry_run else ctx.target_model)
     reference = target_answers(ctx, cond, problems, pb.workload.max_new_tokens)
     with condition_link_step(ctx, links, when, staged, pb.impairment) as link:
         records = f"runs/{cond.id}"
@@ -247,7 +258,9 @@ def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> di
         server_time = when.on_host(clocks[server.name])
         doc = place_emulation(hosts, server, cond, ctx.lab.emulated, server_time, inputs,
                               on[server.name])  # fmt: skip
-        draft = ctx.draft_model if ctx.dry_run else draft_folder(ctx.draft_model)
+        draft = ctx.draft_model if ctx.dry_run else draft_folder(
+            choose_draft(cond, ctx.draft_model, problems, ctx.say, b.draft_len).path
+        )  # fmt: skip
         target = model_on(server, "target_model", ctx.target_model)
         cost = cost_model_on(ctx, server, pb, staged, f"{on[server.name]}/{EMULATION_FILE}",
                              emulation_tag(doc), (draft, target))  # fmt: skip
@@ -320,4 +333,9 @@ def tables(cond: Condition, staged: ConditionFolder, rows: list[dict[str, Any]],
                                 span)  # fmt: skip
     pacing = write_typed("pacing", pacing_frame(staged, cond.id), staged)
     metrics |= pacing_figures(pacing)
-    return metrics
+    alpha = per_token_acceptance(summary.get("sd_accepted", 0), summary.get("sd_rejections", 0))
+    stood_for = stood_for_acceptance(cond)
+    metrics |= {"acceptance_alpha": alpha,
+                "acceptance_as": stood_for.per_token if stood_for else None,
+                "acceptance_as_source": stood_for.source if stood_for else None}  # fmt: skip
+    return metrics | acceptance_match(alpha, metrics["acceptance_as"])

@@ -52,9 +52,11 @@ def stood_for_acceptance(cond: Condition) -> AcceptanceEntry | None:
 
 
 def choose_draft(
-    cond: Condition, default_path: str, problems: list[Problem], say: Any = print
-) -> DraftChoice:
-    """The condition's draft (see the module's docstring)."""
+    cond: Condition, default_path: str, problems: list[Problem], say: Any = print,
+    draft_len: int | None = None,
+) -> DraftChoice:  # fmt: skip
+    """The condition's draft (see the module's docstring), measured at draft_len (default
+    `sled.draft_len`)."""
     pb = cond.playbook
     published = stood_for_acceptance(cond)
     if pb.models.draft != "tiny":
@@ -73,7 +75,8 @@ def choose_draft(
             raise BadInputError(f"models.draft_grade: {exc}") from None
         return DraftChoice(path, grade, None, published)
     assert published is not None
-    grades = measure_grades(pair, problems, pb.sled.draft_len, pb.workload.max_new_tokens, say)
+    k = draft_len or pb.sled.draft_len
+    grades = measure_grades(pair, problems, k, pb.workload.max_new_tokens, say)
     best = nearest(grades, published.per_token)
     say(f"{cond.id}: draft {best.grade} (acceptance {best.alpha:.3f} on these requests; the "
         f"stood-for pair's {published.per_token:.3f})")  # fmt: skip
