@@ -90,8 +90,18 @@ def test_answer_lengths_of_a_run_match_the_asked_distribution(tiny_pair, tmp_pat
                 item.pop("hold")
         path.write_text("".join(json.dumps(x) + "\n" for x in lines))
         records = tmp_path / f"records-{hold}"
-        argv = ["--mode", "sd", "--target", str(tiny_pair.target_hf), "--draft",
-                str(tiny_pair.draft_gguf), "--problems", str(path), "--records", str(records)]
+        argv = [
+            "--mode",
+            "sd",
+            "--target",
+            str(tiny_pair.target_hf),
+            "--draft",
+            str(tiny_pair.draft_gguf),
+            "--problems",
+            str(path),
+            "--records",
+            str(records),
+        ]
         assert local.main(argv) == 0  # fmt: skip
         rows = [json.loads(x) for x in (records / "requests.jsonl").read_text().splitlines()]
         return np.array([r["tokens"] for r in rows])
