@@ -33,6 +33,7 @@ from testbed.runner.workload import (
     stood_for_lengths,
     write_problem_file,
 )
+from testbed.topo.workloads import DEFAULT_PATH as DEFAULT_WORKLOADS
 from testbed.topo.workloads import load_workloads, solution_words
 
 needs_gsm8k = pytest.mark.skipif(
@@ -68,9 +69,31 @@ def test_shaped_requests_have_the_stood_for_lengths(tiny_pair) -> None:
     other = problems_for(shaped_workload(problems_per_device=4, seed=4), ["d1", "d2"],
                          str(tiny_pair.target_hf), TARGET_AS)  # fmt: skip
     assert [p.stands_for for p in other["d1"]] != [p.stands_for for p in got["d1"]]
-    # the published mean answer length of the stood-for target is the data set's mean
-    mean = load_workloads().mean_answer(SHAPE, "llama-3.1-8b", "test")
-    assert abs(np.mean([x.answer for x in every]) - mean) < 0.01 * mean
+    # no published mean answer length: each answer is its reference solution's length
+    cat = load_workloads()
+    assert cat.mean_answer(SHAPE, "llama-3.1-8b", "test") is None
+    solutions = [item.answer for item in gsm8k.load_gsm8k(gsm8k.default_path())]
+    per_word = cat.tokens_per_word(SHAPE)
+    assert [x.answer for x in every] == [
+        max(1, round(solution_words(s) * per_word)) for s in solutions]  # fmt: skip
+
+
+def test_a_published_mean_answer_length_scales_the_counted_lengths(tmp_path: Path) -> None:
+    text = DEFAULT_WORKLOADS.read_text().replace(
+        "mean_tokens: {}", "mean_tokens: {llama-3.1-8b: 200}"
+    )
+    path = tmp_path / "workloads.yaml"
+    path.write_text(text)
+    cat = load_workloads(path)
+    pairs = [("a b c", "one two three four"), ("d e", "five six")]
+    lengths = cat.lengths(SHAPE, "llama-3.1-8b", pairs, pairs, "test")
+    assert np.mean([x.answer for x in lengths]) == pytest.approx(200, abs=1)
+    assert lengths[0].answer == pytest.approx(2 * lengths[1].answer, abs=1)
+    assert cat.mean_answer(SHAPE, "llama-3.1-70b", "test") is None
+    bad = text.replace("{llama-3.1-8b: 200}", "{llama-3.2-1b: 200}")
+    path.write_text(bad)
+    with pytest.raises(BadInputError, match="mean_tokens.llama-3.2-1b: not one of this answer"):
+        load_workloads(path)
 
 
 @needs_gsm8k
@@ -117,8 +140,9 @@ def test_answer_lengths_of_a_run_match_the_asked_distribution(tiny_pair, tmp_pat
 @needs_gsm8k
 def test_greedy_sd_equals_the_target_over_long_held_answers(tiny_pair) -> None:
     target = TorchEngine(tiny_pair.target_hf, threads=1)
-    w = shaped_workload(problems_per_device=6, seed=8)
-    problems = problems_for(w, ["d1"], str(tiny_pair.target_hf), TARGET_AS)["d1"]
+    w = shaped_workload(problems_per_device=24, seed=8)
+    drawn = problems_for(w, ["d1"], str(tiny_pair.target_hf), TARGET_AS)["d1"]
+    problems = sorted(drawn, key=lambda p: -p.max_new)[:5]  # the long tail of the answers
     accepted = rejections = 0
     for name in ("draft", "draft-xs"):
         draft = LlamaCppEngine(tiny_pair.draft_files(name)[1], n_threads=1)

@@ -18,7 +18,8 @@ from testbed.report.compare import Tolerances, Verdict, compare_runs
 from testbed.report.data import RunData
 from testbed.report.figures import all_figures
 from testbed.report.summary import headline_cells
-from testbed.results.condition_table import SUMMARY_NOTES, paper_rows, unfaithful
+from testbed.results.condition_table import SUMMARY_NOTES, paper_rows
+from testbed.results.marks import mark_lines
 from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
 
 RUN_PAGE = "dashboard.html"
@@ -101,7 +102,8 @@ def run_page(run: RunData) -> str:
         f"{html.escape(str(r['reason']).splitlines()[0] if r['reason'] else '')}</p>"
         for r in failed.to_dict("records")
     ]
-    parts += [f"<p class='bad unfaithful'>{html.escape(line)}</p>" for line in unfaithful(df)]
+    marked = mark_lines(run.metric_rows()) if len(df) > len(failed) else []
+    parts += [f"<p class='bad marked'>{html.escape(line)}</p>" for line in marked]
     paper = (m.get("playbook") or {}).get("paper")
     if paper:
         parts += [

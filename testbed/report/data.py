@@ -107,10 +107,14 @@ class RunData:
 
     def metric_rows(self) -> pd.DataFrame:
         """One row per finished condition: its journal columns (label, link measured, ...)
-        and every figure of its stats object (`ConditionStats.as_row`), the latter winning."""
-        rows = [
-            {**row, **self.stats(row["condition"]).as_row()} for row in self.done.to_dict("records")
-        ]
+        and every figure of its stats object (`ConditionStats.as_row`), the latter winning
+        except where it has none (pacing counts live in the journal only)."""
+        rows = []
+        for row in self.done.to_dict("records"):
+            recomputed = self.stats(row["condition"]).as_row()  # None where records lack it
+            rows.append(
+                {**row, **{k: v for k, v in recomputed.items() if v is not None or k not in row}}
+            )
         return pd.DataFrame(rows)
 
 

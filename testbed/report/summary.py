@@ -12,21 +12,24 @@ from testbed.results.condition_table import (
     SUMMARY_NOTES,
     paper_rows,
     summary_rows,
-    unfaithful,
 )
+from testbed.results.marks import mark_lines, shown_status
 from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
 
 # (column of RunData.metric_rows, header, format): the terminal summary's columns of a finished
 # condition, and its latency percentiles
 HEADLINE = (
-    *(c for c in SUMMARY_COLUMNS if c[0] != "status"),
+    *SUMMARY_COLUMNS,
     ("e2e_p50_ms", "e2e p50 ms", "{:.0f}"),
     ("e2e_p99_ms", "e2e p99 ms", "{:.0f}"),
 )
 
 
 def headline_cells(rows: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Headers and formatted cells of the headline table (columns the rows lack are left out)."""
+    """Headers and formatted cells of the headline table (columns the rows lack are left out),
+    the status with its marks (`shown_status`)."""
+    if not rows.empty:
+        rows = rows.assign(status=[shown_status(r) for r in rows.to_dict("records")])
     return summary_rows(rows, HEADLINE)
 
 
@@ -61,7 +64,7 @@ def summary_markdown(run: RunData, figures: list[Chart | Skipped]) -> str:
         lines.append("(none finished)")
     for row in failed.to_dict("records"):
         lines.append(f"\n- `{row['condition']}` failed: {str(row['reason']).splitlines()[0]}")
-    for line in unfaithful(df):
+    for line in mark_lines(run.metric_rows()):
         lines.append(f"\n- {line}")
     paper = (pb or {}).get("paper")
     if paper:

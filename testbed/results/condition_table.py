@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from testbed.results.marks import mark_lines, shown_status
 from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
 from testbed.results.store import RunStore
 from testbed.results.tables import typed_table, write_parquet
@@ -44,6 +45,19 @@ SUMMARY_COLUMNS = [
     ("time_dilation", "dilation", "{:g}"),
     ("behind_share", "behind", "{:.1%}"),
 ]
+# the terminal's table: the headline figures, narrow enough for a 120-column terminal (the full
+# table is in `testbed report`'s report.md and on the dashboard)
+TERMINAL_WIDTH = 120
+TERMINAL_COLUMNS = [
+    c
+    for c in SUMMARY_COLUMNS
+    if c[0]
+    in {
+        "label", "status", "system_verified_tok_s", "system_unverified_tok_s",
+        "acceptance_rate", "strict_accuracy", "target_match_share",
+        "served_in_time", "servable_alone", "ttft_p50_ms", "tpot_p50_ms", "behind_share",
+    }
+]  # fmt: skip
 SUMMARY_NOTES = {  # column header -> its note, printed when the table shows that column
     "verified tok/s": "verified tok/s: tokens that came out of the target (its verdicts, or its "
     "own generation in the centralized and server-* modes); unverified tok/s: draft tokens kept "
@@ -90,20 +104,6 @@ def flatten(entry: dict[str, Any]) -> dict[str, Any]:
         row["devices"] = len(entry["devices"])
     row.update(entry.get("metrics") or {})
     return row
-
-
-def unfaithful(df: pd.DataFrame) -> list[str]:
-    """One line per done condition whose hosts computed slower than the hardware they stand
-    for on more than 1 % of their forwards (`ConditionStats.compute_faithful`)."""
-    if "compute_faithful" not in df:
-        return []
-    bad = df[(df["status"] == "done") & (df["compute_faithful"] == False)]  # noqa: E712
-    return [
-        f"{r['condition']} is unfaithful: {r['behind_forwards']:.0f} of "
-        f"{r['paced_forwards']:.0f} forwards ({r['behind_share']:.1%}) took longer than the "
-        "hardware they stand for (limit 1 %); raise lab.time_dilation"
-        for r in bad.to_dict("records")
-    ]
 
 
 PAPER_GAP = 0.2  # a figure of ours further than this from the paper's needs its reason
@@ -168,18 +168,22 @@ def print_summary(df: pd.DataFrame, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 180))
+    console = Console(width=TERMINAL_WIDTH)
     swept = [c for c in df.columns if c.startswith("sweep.")]
+    shown = df.assign(status=[shown_status(r) for r in df.to_dict("records")])
     if swept:  # the condition column shows the swept values under their keys
-        df = df.assign(label=[", ".join(str(v) for v in row) for row in df[swept].values])
-    headers, rows = summary_rows(df)
+        shown = shown.assign(label=[", ".join(str(v) for v in row) for row in df[swept].values])
+    present = [c for c in TERMINAL_COLUMNS if c[0] in shown and shown[c[0]].notna().any()]
+    headers, rows = summary_rows(shown, present)
     if swept:
         headers[0] = ", ".join(c.removeprefix("sweep.") for c in swept)
-    table = Table(title=title)
+    table = Table(title=title, collapse_padding=True, pad_edge=False)
     for i, h in enumerate(headers):
+        left = i == 0 or h in ("status", "backend")
         table.add_column(
-            h, justify="left" if i == 0 or h in ("status", "backend") else "right", no_wrap=i == 0
-        )
+            h, justify="left" if left else "right", no_wrap=i == 0,
+            max_width=None if left else 10,
+        )  # fmt: skip
     for cells in rows:
         table.add_row(*cells)
     console.print(table)
@@ -196,9 +200,12 @@ def print_summary(df: pd.DataFrame, title: str) -> None:
             table.add_row(*cells)
         console.print(table)
         console.print(f"[dim]{COMPARISON_NOTE}[/dim]")
+    for line in mark_lines(df):
+        console.print(f"[yellow]{line}[/yellow]")
     if "reason" in df.columns:
         for _, r in df[df["status"] != "done"].iterrows():
             console.print(f"[red]{r['condition']} failed:[/red] {r['reason']}")
+    console.print("[dim]the full table: testbed report RUN (report.md) and the dashboard[/dim]")
 
 
 def describe_condition(entry: dict[str, Any]) -> str:

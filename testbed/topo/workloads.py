@@ -4,7 +4,8 @@
     tokenizers: {llama-3: {tokens_per_word, source}, ...}
     workloads:  {gsm8k-cot-0shot: {description, dataset, tokenizer,
                                    prompt: {template_tokens, source},
-                                   answer: {mean_tokens: {<model>: N, ...}, source}}, ...}
+                                   answer: {targets: [<model>, ...],
+                                            mean_tokens: {<model>: N, ...}, source}}, ...}
     acceptance: [{draft, target, workload, alpha | (tau, draft_len), source}, ...]
 
 A workload entry says how long the prompts and answers of that workload are with the models a
@@ -13,10 +14,12 @@ playbook stands for (`models.draft_as`, `models.target_as`), in tokens of their 
 - a prompt is its data set question, counted in words and turned into tokens at the
   tokenizer's `tokens_per_word`, plus the chat template around it (`template_tokens`);
 - an answer is as long as that question's reference solution (its words, the data set's
-  calculator annotations and final `#### N` line left out, at `tokens_per_word`), scaled so
-  that the answers' mean over the whole data set is the published mean answer length of the
-  stood-for target (`answer.mean_tokens`): the lengths keep the data set's spread and its
-  per-question order (longer solutions, longer answers), the mean is the model's.
+  calculator annotations and final `#### N` line left out, at `tokens_per_word`); where the
+  catalogue has a published mean answer length of the stood-for target
+  (`answer.mean_tokens`), scaled so that the answers' mean over the whole data set is it: the
+  lengths keep the data set's spread and its per-question order (longer solutions, longer
+  answers), the mean is the model's. `answer.targets` names the stood-for targets the shape
+  applies to.
 
 `acceptance` lists published speculative-decoding acceptances of draft/target pairs on a
 workload: a per-token acceptance `alpha`, or a mean accepted length `tau` (tokens a
@@ -65,7 +68,8 @@ class PromptShape(_Strict):
 
 
 class AnswerShape(_Strict):
-    mean_tokens: dict[str, float] = Field(min_length=1)
+    targets: list[str] = Field(min_length=1)
+    mean_tokens: dict[str, float] = Field(default_factory=dict)
     source: str
 
     @model_validator(mode="after")
@@ -73,6 +77,8 @@ class AnswerShape(_Strict):
         for model, mean in self.mean_tokens.items():
             if not 1 <= mean <= 100_000:
                 raise ValueError(f"mean_tokens.{model}: expected 1..100000 tokens, got {mean}")
+            if model not in self.targets:
+                raise ValueError(f"mean_tokens.{model}: not one of this answer's targets")
         return self
 
 
@@ -171,15 +177,16 @@ class WorkloadCatalogue:
     def tokens_per_word(self, name: str) -> float:
         return self.spec.tokenizers[self.spec.workloads[name].tokenizer].tokens_per_word
 
-    def mean_answer(self, name: str, target: str, where: str) -> float:
-        """The published mean answer length of the stood-for target on workload name."""
-        means = self.entry(name, where).answer.mean_tokens
-        if target not in means:
+    def mean_answer(self, name: str, target: str, where: str) -> float | None:
+        """The published mean answer length of the stood-for target on workload name (None
+        where none is published: the reference solutions' own lengths stand)."""
+        answer = self.entry(name, where).answer
+        if target not in answer.targets:
             raise BadInputError(
                 f"{where}: workload {name!r} has no answer length for target {target!r} (it "
-                f"has: {', '.join(sorted(means))}; {self.path})"
+                f"has: {', '.join(sorted(answer.targets))}; {self.path})"
             )
-        return means[target]
+        return answer.mean_tokens.get(target)
 
     def lengths(
         self, name: str, target: str, questions: Sequence[tuple[str, str]],
@@ -192,7 +199,8 @@ class WorkloadCatalogue:
         counted = [solution_words(s) * per_word for _, s in everything]
         if not counted or sum(counted) <= 0:
             raise BadInputError(f"{where}: the data set of workload {name!r} has no solutions")
-        scale = self.mean_answer(name, target, where) / (sum(counted) / len(counted))
+        mean = self.mean_answer(name, target, where)
+        scale = 1.0 if mean is None else mean / (sum(counted) / len(counted))
         return [
             Lengths(
                 entry.prompt.template_tokens + max(1, round(words(q) * per_word)),
@@ -231,10 +239,10 @@ def _load(path: Path, stamp: int) -> WorkloadCatalogue:
                     "hardware catalogue's model names, topologies/hardware.yaml)"
                 )
     for name, w in spec.workloads.items():
-        for model in w.answer.mean_tokens:
+        for model in w.answer.targets:
             if model not in models:
                 raise BadInputError(
-                    f"{path}: workloads.{name}.answer.mean_tokens.{model}: unknown model (the "
+                    f"{path}: workloads.{name}.answer.targets: unknown model {model!r} (the "
                     "hardware catalogue's model names)"
                 )
     return WorkloadCatalogue(path, spec)
