@@ -21,11 +21,13 @@ def engines(tiny_pair):
 def test_hybrid_loop_output_equals_target_greedy_with_moves_between_modes(engines):
     from agents.spec.decoding import generate_ad
     from agents.workloads.arithmetic import heldout_problems, prompt
+    from agents.workloads.request import NO_STOP
 
     target, draft = engines
     prompts = [target.tokenize(prompt(p)) for p in heldout_problems(6, seed=21)]
     max_new = 40
-    expected = [generate_ad(target, p, max_new).tokens for p in prompts]
+    # a user is held to its asked length (EOS does not end it), as the executor serves it
+    expected = [generate_ad(target, p, max_new, stop_id=NO_STOP).tokens for p in prompts]
 
     ex = EngineExecutor(target, draft, draft_len=4)
     loop = HybridLoop(ex, {AD: 1000.0, SD: 1000.0}, period_s=0.02, lookahead_s=10.0)
