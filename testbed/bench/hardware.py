@@ -90,6 +90,8 @@ class Row:
             "roofline_ms": self.roofline_ms,
             "source": p.source,
             "excluded": p.excluded,
+            "held_out": p.held_out,
+            "miss": p.miss,
         }
 
 
@@ -128,11 +130,17 @@ class Fit:
         return max((abs(e) for e in self.errors), default=0.0)
 
 
+def fits(point: CalibrationPoint) -> bool:
+    """Whether the fit uses the point: not excluded, not held out (held-out points are judged
+    only)."""
+    return point.excluded is None and not point.held_out
+
+
 def fit_entry(cat: Catalogue, name: str, points: list[CalibrationPoint]) -> Fit:
     """Least squares on relative error over the entry's `fitted` values (others fixed)."""
     entry = cat.entry(name, cat.source)
     base = cat.hardware(name, cat.source)
-    used = [p for p in points if p.excluded is None]
+    used = [p for p in points if fits(p)]
     free = [f for f in entry.fitted if f in BOUNDS]
     if not free or not used:
         return Fit(name, cat.fit_values(name, cat.source))
@@ -156,6 +164,90 @@ def fit_entry(cat: Catalogue, name: str, points: list[CalibrationPoint]) -> Fit:
     )
     values = {**cat.fit_values(name, cat.source), **dict(zip(free, best.x.tolist()))}
     return Fit(name, values, residuals(best.x).tolist())
+
+
+def predict(cat: Catalogue, name: str, values: dict[str, float], point: CalibrationPoint) -> float:
+    """The model's step time (ms) for one point with the entry's fit values replaced."""
+    hw = replace(cat.hardware(name, cat.source), **values)
+    return step_time(hw, cat.model(point.model, cat.source), point.shape).seconds * 1e3
+
+
+def leave_one_out(cat: Catalogue, name: str) -> list[float]:
+    """Each fitted point's error when the entry is refitted without it: the out-of-sample error
+    of the fit (in the order of the entry's fitted points)."""
+    points = cat.entry(name, cat.source).calibration
+    errors = []
+    for i, point in enumerate(points):
+        if not fits(point):
+            continue
+        rest = [p for j, p in enumerate(points) if j != i]
+        values = fit_entry(cat, name, rest).values
+        errors.append(predict(cat, name, values, point) / point.measured_ms - 1)
+    return errors
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One entry's in-sample, leave-one-out and held-out errors."""
+
+    hardware: str
+    points: int  # fitted points
+    fitted: int  # values the fit sets
+    in_sample: list[float]
+    loo: list[float]
+    held_out: list[float]
+
+    def as_dict(self) -> dict[str, Any]:
+        worst = lambda es: max((abs(e) for e in es), default=None)  # noqa: E731
+        return {
+            "hardware": self.hardware,
+            "points": self.points,
+            "fitted_values": self.fitted,
+            "in_sample_max_error": worst(self.in_sample),
+            "loo_max_error": worst(self.loo),
+            "held_out_points": len(self.held_out),
+            "held_out_max_error": worst(self.held_out),
+        }
+
+
+def judge(cat: Catalogue, all_rows: list[Row], progress: Progress) -> list[Judged]:
+    """Per entry with calibration points: in-sample errors (stored fit), leave-one-out errors
+    (refit without each point) where it fits values, held-out points' errors."""
+    out = []
+    for name, entry in cat.spec.hardware.items():
+        mine = [r for r in all_rows if r.hardware == name]
+        if not mine:
+            continue
+        free = [f for f in entry.fitted if f in BOUNDS]
+        used = [r.error for r in mine if fits(r.point)]
+        progress(f"leave-one-out: {name}")
+        loo = leave_one_out(cat, name) if free and used else []
+        held = [r.error for r in mine if r.point.held_out]
+        out.append(Judged(name, len(used), len(free), used, loo, held))
+    return out
+
+
+def _pct(errors: list[float]) -> str:
+    return f"{max(abs(e) for e in errors):.1%}" if errors else "-"
+
+
+def judged_table(judged: list[Judged]) -> str:
+    head = (
+        f"{'hardware':<22} {'points':>6} {'fitted':>6} {'in-sample':>9} {'LOO':>7} "
+        f"{'held out':>8} {'(n)':>4}"
+    )
+    lines = [head]
+    for j in judged:
+        lines.append(
+            f"{j.hardware:<22} {j.points:>6} {j.fitted:>6} {_pct(j.in_sample):>9} "
+            f"{_pct(j.loo):>7} {_pct(j.held_out):>8} {len(j.held_out):>4}"
+        )
+    return "\n".join(lines)
+
+
+def misses(all_rows: list[Row]) -> list[Row]:
+    """Points (fitted or held out) the model misses by more than the goal."""
+    return [r for r in all_rows if r.point.excluded is None and not r.within]
 
 
 def number(value: float, digits: int = 4) -> str:
@@ -371,6 +463,8 @@ def format_row(r: Row) -> str:
     p = r.point
     shape = f"{p.batch} x {p.new} @ {p.context}"
     ok = "excl" if p.excluded else ("yes" if r.within else "NO")
+    if p.held_out:
+        ok = "h/" + ok
     return (
         f"{r.hardware:<22} {p.model:<24} {shape:>16} {r.measured_ms:>10.4g} "
         f"{r.predicted_ms:>10.4g} {r.error:>+7.1%} {ok:>5} {r.roofline_ms:>9.4g}  {p.source}"
@@ -383,14 +477,16 @@ def table(all_rows: list[Row]) -> str:
 
 
 def summary(all_rows: list[Row]) -> str:
-    used = [r for r in all_rows if r.point.excluded is None]
+    used = [r for r in all_rows if fits(r.point)]
     if not used:
         return "no calibration points"
     inside = sum(r.within for r in used)
     worst = max(used, key=lambda r: abs(r.error))
     return (
         f"{inside} of {len(used)} calibration points within {GOAL:.0%} (worst: {worst.error:+.1%}, "
-        f"{worst.hardware} {worst.point.model}); {len(all_rows) - len(used)} excluded points shown"
+        f"{worst.hardware} {worst.point.model}), in sample; "
+        f"{sum(r.point.held_out for r in all_rows)} held-out points (h/, judged only), "
+        f"{sum(r.point.excluded is not None for r in all_rows)} excluded points shown"
     )
 
 
@@ -402,6 +498,7 @@ def run(
     write: bool = False,
     live: bool = True,
     json_out: Path | None = None,
+    loo: bool = True,
 ) -> dict[str, Any]:
     """The bench (module docstring); returns the figures it prints."""
     cat = load_catalogue(path)
@@ -410,6 +507,18 @@ def run(
     echo(table(stored))
     echo("\n" + summary(stored))
     figures: dict[str, Any] = {"catalogue": cat.source, "rows": [r.as_dict() for r in stored]}
+    if loo:
+        judged = judge(cat, stored, progress)
+        echo(
+            "\nper entry: fitted points, fitted values, max |error| in sample (stored fit), "
+            "left out one at a time (refitted without the point), held out (never fitted)\n"
+        )
+        echo(judged_table(judged))
+        figures["judged"] = [j.as_dict() for j in judged]
+    missed = misses(stored)
+    echo(f"\n{len(missed)} points outside {GOAL:.0%}, with the catalogue's reason:")
+    for r in missed:
+        echo(f"  {format_row(r)}\n      reason: {r.point.miss or '(none recorded)'}")
     measured = measure_live(progress) if live else None
     if measured:
         live_rows = [row(cat, name, p) for name in LIVE for p in measured.points[name]]

@@ -105,6 +105,9 @@ def hardware(
         None, "--catalogue", help="catalogue file (default: topologies/hardware.yaml)"
     ),
     live: bool = typer.Option(True, "--live/--no-live", help="measure this CPU's points live"),
+    loo: bool = typer.Option(
+        True, "--loo/--no-loo", help="leave-one-out errors (refits each entry once per point)"
+    ),
 ) -> None:
     """The cost model against every calibration point of the hardware catalogue: published
     vs predicted step times, error, a plain roofline; this CPU measured live; the pacing's
@@ -128,6 +131,7 @@ def hardware(
             write=write,
             live=live,
             json_out=json_out,
+            loo=loo,
         )
         if not fit:
             pacing = run_pacing(typer.echo, lambda msg: status.update(msg))

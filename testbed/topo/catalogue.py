@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from agents.emulation.stepcost import GB, Hardware, ModelShape
 from testbed.core.errors import BadInputError
@@ -99,6 +99,9 @@ class CalibrationPoint(_Strict):
     tok_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # batch x new per second
     source: str  # a key of the file's `sources`
     excluded: str | None = None  # why the fit leaves it out (shown, not fitted)
+    # held out: never used by the fit, only judged (an out-of-sample check of the model)
+    held_out: StrictBool = False
+    miss: str | None = None  # why the model misses this point by more than the goal, if it does
 
     @model_validator(mode="after")
     def _one_figure(self) -> CalibrationPoint:
