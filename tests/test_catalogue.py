@@ -208,6 +208,69 @@ def test_the_fit_recovers_known_values() -> None:
     assert fit.values["flops_efficiency"] == pytest.approx(truth.flops_efficiency, rel=1e-3)
 
 
+def _pi5_with(points: list[CalibrationPoint]) -> Catalogue:
+    spec = CAT.spec.model_copy(deep=True)
+    spec.hardware["pi5"].calibration = points
+    spec.hardware["pi5"].fit = spec.hardware["pi5"].fit.model_copy(
+        update={"bw_efficiency": 0.3, "flops_efficiency": 0.9}
+    )
+    return Catalogue(CAT.path, spec)
+
+
+def _exact_pi5_points(scale: dict[int, float] | None = None) -> list[CalibrationPoint]:
+    """Points priced by the stored pi5 model, the i-th one's time times scale[i]."""
+    truth = CAT.hardware("pi5", SRC)
+    shapes = [
+        ("tinyllama-1.1b@q8_0", 1, 128),
+        ("llama-3.1-8b@q4_k_m", 1, 256),
+        ("llama-3.2-3b@q8_0", 64, 0),
+        ("llama-3.2-1b@f16", 1, 512),
+        ("llama-3.2-1b@q8_0", 32, 0),
+    ]
+    out = []
+    for i, (ref, new, ctx) in enumerate(shapes):
+        p = CalibrationPoint(model=ref, batch=1, new=new, context=ctx, source="tunney-matmul", ms=1)
+        ms = step_seconds(truth, CAT.model(ref, SRC), p.shape) * 1e3 * (scale or {}).get(i, 1)
+        out.append(p.model_copy(update={"ms": ms}))
+    return out
+
+
+def test_leave_one_out_refits_without_the_point() -> None:
+    from testbed.bench.hardware import leave_one_out
+
+    # point 4 measured twice as slow as the model: without it the rest fit exactly, so its
+    # left-out prediction is the true time, half the measured one; kept in, the fit would
+    # move toward it and the error would shrink
+    cat = _pi5_with(_exact_pi5_points({4: 2.0}))
+    in_sample = fit_entry(cat, "pi5", cat.spec.hardware["pi5"].calibration).errors[4]
+    loo = leave_one_out(cat, "pi5")
+    assert len(loo) == 5
+    assert loo[4] == pytest.approx(-0.5, abs=1e-3)
+    assert abs(in_sample) < 0.45
+
+
+def test_held_out_points_are_never_fitted() -> None:
+    from testbed.bench.hardware import judge
+
+    points = _exact_pi5_points({4: 3.0})
+    points[4] = points[4].model_copy(update={"held_out": True})
+    cat = _pi5_with(points)
+    fit = fit_entry(cat, "pi5", points)
+    assert len(fit.errors) == 4 and fit.worst < 1e-4
+    truth = CAT.hardware("pi5", SRC)
+    assert fit.values["bw_efficiency"] == pytest.approx(truth.bw_efficiency, rel=1e-3)
+    (judged,) = [j for j in judge(cat, rows(cat), lambda _: None) if j.hardware == "pi5"]
+    assert judged.points == 4 and judged.fitted == 2
+    assert judged.held_out == [pytest.approx(1 / 3 - 1, abs=1e-3)]
+    assert len(judged.loo) == 4
+
+
+def test_a_held_out_field_of_the_wrong_type_names_the_file_and_key(tmp_path: Path) -> None:
+    old = "tok_s: 9, source: tunney-matmul}"
+    message = bad(copy(tmp_path, old, "tok_s: 9, source: tunney-matmul, held_out: maybe}"))
+    assert "hardware.pi5.calibration.0.held_out" in message
+
+
 def test_rewrite_replaces_fit_lines_and_this_cpus_measurements(tmp_path: Path) -> None:
     path = copy(tmp_path)
     cat = load_catalogue(path)
