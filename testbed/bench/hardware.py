@@ -34,6 +34,7 @@ from testbed.topo.catalogue import (
     CalibrationPoint,
     Catalogue,
     CatalogueFile,
+    HardwareEntry,
     load_catalogue,
 )
 
@@ -127,7 +128,17 @@ class Fit:
 
     @property
     def worst(self) -> float:
-        return max((abs(e) for e in self.errors), default=0.0)
+        return worst_error(self.errors) or 0.0
+
+
+def worst_error(errors: Iterable[float]) -> float | None:
+    """The largest |error|, None for no errors."""
+    return max((abs(e) for e in errors), default=None)
+
+
+def free_values(entry: HardwareEntry) -> list[str]:
+    """The entry's fit values the fit may move (its `fitted` names with bounds)."""
+    return [f for f in entry.fitted if f in BOUNDS]
 
 
 def fits(point: CalibrationPoint) -> bool:
@@ -141,7 +152,7 @@ def fit_entry(cat: Catalogue, name: str, points: list[CalibrationPoint]) -> Fit:
     entry = cat.entry(name, cat.source)
     base = cat.hardware(name, cat.source)
     used = [p for p in points if fits(p)]
-    free = [f for f in entry.fitted if f in BOUNDS]
+    free = free_values(entry)
     if not free or not used:
         return Fit(name, cat.fit_values(name, cat.source))
     from scipy.optimize import least_squares
@@ -174,8 +185,11 @@ def predict(cat: Catalogue, name: str, values: dict[str, float], point: Calibrat
 
 def leave_one_out(cat: Catalogue, name: str) -> list[float]:
     """Each fitted point's error when the entry is refitted without it: the out-of-sample error
-    of the fit (in the order of the entry's fitted points)."""
-    points = cat.entry(name, cat.source).calibration
+    of the fit (in the order of the entry's fitted points); none where the fit moves no value."""
+    entry = cat.entry(name, cat.source)
+    if not free_values(entry):
+        return []
+    points = entry.calibration
     errors = []
     for i, point in enumerate(points):
         if not fits(point):
@@ -198,15 +212,14 @@ class Judged:
     held_out: list[float]
 
     def as_dict(self) -> dict[str, Any]:
-        worst = lambda es: max((abs(e) for e in es), default=None)  # noqa: E731
         return {
             "hardware": self.hardware,
             "points": self.points,
             "fitted_values": self.fitted,
-            "in_sample_max_error": worst(self.in_sample),
-            "loo_max_error": worst(self.loo),
+            "in_sample_max_error": worst_error(self.in_sample),
+            "loo_max_error": worst_error(self.loo),
             "held_out_points": len(self.held_out),
-            "held_out_max_error": worst(self.held_out),
+            "held_out_max_error": worst_error(self.held_out),
         }
 
 
@@ -218,17 +231,18 @@ def judge(cat: Catalogue, all_rows: list[Row], progress: Progress) -> list[Judge
         mine = [r for r in all_rows if r.hardware == name]
         if not mine:
             continue
-        free = [f for f in entry.fitted if f in BOUNDS]
         used = [r.error for r in mine if fits(r.point)]
         progress(f"leave-one-out: {name}")
-        loo = leave_one_out(cat, name) if free and used else []
         held = [r.error for r in mine if r.point.held_out]
-        out.append(Judged(name, len(used), len(free), used, loo, held))
+        out.append(
+            Judged(name, len(used), len(free_values(entry)), used, leave_one_out(cat, name), held)
+        )
     return out
 
 
 def _pct(errors: list[float]) -> str:
-    return f"{max(abs(e) for e in errors):.1%}" if errors else "-"
+    worst = worst_error(errors)
+    return "-" if worst is None else f"{worst:.1%}"
 
 
 def judged_table(judged: list[Judged]) -> str:
