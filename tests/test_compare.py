@@ -3,6 +3,8 @@ metrics are judged on a confidence interval of the difference."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 from conftest import require_root_netns
@@ -102,3 +104,18 @@ def test_real_runs_of_the_same_code_pass_and_a_slowed_copy_fails(tmp_path):
     assert proc.returncode == ExitCode.REGRESSION, proc.stdout
     flagged = [line for line in proc.stdout.splitlines() if "REGRESSION" in line]
     assert any("system_verified_tok_s" in line for line in flagged), proc.stdout
+
+
+def test_a_condition_faulted_in_the_candidate_is_flagged_with_its_fault(tmp_path):
+    """A faulted condition's figures are kept, but compare names the fault as a regression."""
+    a = synthetic_run(tmp_path, "a", failed=False)
+    b = copy_run(a, tmp_path, "b")
+    lines = [json.loads(x) for x in (b / "journal.jsonl").read_text().splitlines()]
+    lines[0] |= {"status": "faulted", "reason": "sled-server on server killed by SIGKILL at 4 s"}
+    (b / "journal.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    verdicts = compare_runs(load_run(a), load_run(b), load_tolerances())
+    (flag,) = [v for v in verdicts if v.metric == "status"]
+    assert flag.regressed and flag.condition == "link.loss=0.0"
+    assert flag.why == "faulted in B: sled-server on server killed by SIGKILL at 4 s"
+    proc = run_testbed("compare", str(a), str(b))
+    assert proc.returncode == ExitCode.REGRESSION and "faulted in B" in proc.stdout, proc.stdout

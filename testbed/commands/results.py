@@ -46,11 +46,12 @@ def ls() -> None:
         manifest = store.manifest()
         journal = store.journal()
         done = sum(e["status"] == "done" for e in journal)
+        faulted = sum(e["status"] == "faulted" for e in journal)
         failed = sum(e["status"] == "failed" for e in journal)
         planned = manifest.get("condition_count") or len(manifest.get("conditions") or [])
         rows.append((path.name, manifest.get("created"), (manifest.get("playbook") or {}).get(
-            "name"), done, failed, planned))  # fmt: skip
-    _print(["run", "created", "playbook", "done", "failed", "planned"], rows)
+            "name"), done, faulted, failed, planned))  # fmt: skip
+    _print(["run", "created", "playbook", "done", "faulted", "failed", "planned"], rows)
 
 
 def show(run: str = typer.Argument(..., help="run folder, or a run id under results/")) -> None:

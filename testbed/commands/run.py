@@ -20,6 +20,9 @@ def run(
     ),
     resume: Path | None = typer.Option(None, help="resume an interrupted run folder"),
     retry_failed: bool = typer.Option(False, help="with --resume: run failed conditions again"),
+    rerun_faulted: bool = typer.Option(
+        False, help="with --resume: run faulted conditions (an agent stopped early) again"
+    ),
     out: Path | None = typer.Option(None, help="parent folder of the run (default results/)"),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="print the lab, tc/iptables and Fabric actions; do nothing"
@@ -68,6 +71,7 @@ def run(
             resume=resume,
             out=out,
             retry_failed=retry_failed,
+            rerun_faulted=rerun_faulted,
             dry_run=dry_run,
             lab_kind=lab,
             inventory=str(inventory) if inventory else None,
@@ -82,5 +86,5 @@ def run(
     if not df.empty:
         print_summary(df, title=f"run {outcome.store.root.name}")
     console.print(f"results: {outcome.store.root}")
-    if outcome.failed:
+    if outcome.failed or outcome.faulted:
         raise typer.Exit(ExitCode.CONDITIONS_FAILED)

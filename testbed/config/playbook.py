@@ -17,10 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from testbed.config.costs import load_cost_table
+from testbed.config.faults import FaultSpec
 from testbed.config.slo import Slo
+from testbed.config.strict import Strict
 from testbed.core.errors import BadInputError
 from testbed.core.loading import read_yaml, validate
 from testbed.core.paths import REPO_ROOT
@@ -38,12 +40,6 @@ SWEEPABLE_LAB_KEYS = ("lab.devices", "lab.time_dilation")
 
 
 Mode = Literal["sled", "centralized", "balance", "device-only", "server-ad", "server-sd"]
-
-
-class Strict(BaseModel):
-    """Base: unknown keys are errors (a typo must not be silently ignored)."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 MAX_DILATION = 1000.0
@@ -368,6 +364,10 @@ class Playbook(Strict):
         None, description="published figures this playbook reproduces, shown beside ours"
     )
     condition_timeout_s: float = Field(300.0, gt=0)
+    faults: list[FaultSpec] = Field(
+        default_factory=list,
+        description="faults injected on purpose (testbed.runner.inject), at emulated times",
+    )
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -440,9 +440,17 @@ def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def shown_value(value: Any) -> Any:
+    """A swept value as ids and labels show it: a list of named entries (a `faults` list) by
+    their names (`server-crash+dev-cut`, `none` for an empty one), anything else as it is."""
+    if isinstance(value, list) and all(isinstance(v, dict) and "name" in v for v in value):
+        return "+".join(str(v["name"]) for v in value) or "none"
+    return value
+
+
 def condition_id(index: int, values: dict[str, Any]) -> str:
     """Stable, readable id: index plus swept values, e.g. `c01-link.loss=0.1-<digest>`."""
-    label = ",".join(f"{k}={v}" for k, v in values.items()) or "base"
+    label = ",".join(f"{k}={shown_value(v)}" for k, v in values.items()) or "base"
     digest = hashlib.sha1(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
     safe = "".join(ch if ch.isalnum() or ch in "._=-," else "_" for ch in label)[:60]
     return f"c{index:02d}-{safe}-{digest[:6]}"

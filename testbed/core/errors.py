@@ -14,7 +14,7 @@ class ExitCode(IntEnum):
     LAB = 3  # the lab could not be brought up or torn down
     IMPAIRMENT = 4  # a link profile could not be applied or measured as asked
     AGENTS = 5  # agents could not be started or their records fetched
-    CONDITIONS_FAILED = 6  # the run finished but some conditions failed
+    CONDITIONS_FAILED = 6  # the run finished but some conditions failed or faulted
     MISSING_PRIVILEGE = 7  # needs root / a kernel feature this machine lacks
     REGRESSION = 8  # testbed compare: a metric moved past its tolerance the bad way
 

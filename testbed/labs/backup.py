@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 from agents.failover import Failover
 from testbed.core.errors import LabError
 from testbed.labs import naming
-from testbed.labs.discover import TAG_FLAG
+from testbed.labs.discover import TAG_FLAG, tagged_processes
 from testbed.labs.interface import LinkSite
 from testbed.labs.setup import LabHost
 from testbed.labs.system import SystemRunner
@@ -262,6 +262,11 @@ def start_monitor(lab: LinkSite, plan: BackupPlan, python: str = sys.executable)
         err = (run_dir / "failover.err").read_text()[-2000:]
         raise LabError(f"lab {plan.lab}: the failover monitor did not start: {line!r} {err}")
     return log
+
+
+def monitor_running(lab: str) -> bool:
+    """True while lab `lab`'s link monitor runs (found by its tag, wherever it runs)."""
+    return bool(tagged_processes(monitor_tag(lab)))
 
 
 def set_monitor_dilation(lab: LinkSite, dilation: float) -> None:

@@ -218,9 +218,11 @@ class ConditionRecord:
     table: ClassVar[str] = "conditions"
     condition: str
     index: int
-    status: str  # "done" or "failed"
+    status: str  # "done", "faulted" (an agent stopped before the runner stopped it), "failed"
     label: str
     reason: str = ""
+    faults: int = 0  # faults the condition saw that nobody asked for (testbed.runner.watch)
+    faults_injected: int = 0  # faults the playbook's `faults` section asked for
     seconds: float | None = None  # controller clock, start to journal
     backend: str | None = None
     rtt_measured_ms: float | None = None
@@ -229,6 +231,29 @@ class ConditionRecord:
     loss_down_measured: float | None = None
     loss_measured: float | None = None
     loss_within_95: bool | None = None
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    """An agent that stopped before the runner stopped it (detected), or a fault the playbook's
+    `faults` section asked for (injected). Times are on the controller's clock; `t_condition_s`
+    counts emulated seconds from the condition's start (the devices' start, where they run)."""
+
+    table: ClassVar[str] = "faults"
+    condition: str
+    host: str
+    agent: str  # the process the runner started: sled-server, sled-device, balance-client, ...
+    reason: str  # one line naming host, agent, signal or exit status and time
+    t: float
+    t_condition_s: float
+    injected: bool = False
+    exit_status: int | None = None  # None: no status (its process group was killed, host lost)
+    signal: str | None = None  # SIGKILL, ... where the status says a signal ended it
+    log_tail: str = ""  # the agent's last log lines
+    action: str | None = None  # injected: kill, freeze, cut
+    back_t: float | None = None  # injected: when the agent ran (or the link carried) again
+    recovery_s: float | None = None  # back -> every device's next verified round (emulated s)
+    unverified_tokens: int | None = None  # tokens the devices kept unverified meanwhile
 
 
 RECORDS: tuple[type, ...] = (
@@ -241,6 +266,7 @@ RECORDS: tuple[type, ...] = (
     VerificationRecord,
     BatchRecord,
     PacingRecord,
+    FaultRecord,
 )
 
 

@@ -143,6 +143,9 @@ def compare_runs(a: RunData, b: RunData, tolerances: Tolerances) -> list[Verdict
         if rb is None:
             out.append(Verdict(label, "status", None, None, True, "done in A, not done in B"))
             continue
+        if rb.get("status") == "faulted" and ra.get("status") != "faulted":
+            why = f"faulted in B: {str(rb.get('reason') or '').splitlines()[0]}"
+            out.append(Verdict(label, "status", None, None, True, why))
         for metric, tol in tolerances.metrics.items():
             va, vb = _number(ra.get(metric)), _number(rb.get(metric))
             get = SAMPLES.get(metric)

@@ -19,7 +19,7 @@ from testbed.report.data import RunData
 from testbed.report.figures import all_figures
 from testbed.report.summary import headline_cells
 from testbed.results.condition_table import SUMMARY_NOTES, paper_rows
-from testbed.results.marks import mark_lines
+from testbed.results.marks import mark_lines, status_counts
 from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
 
 RUN_PAGE = "dashboard.html"
@@ -87,22 +87,24 @@ def run_page(run: RunData) -> str:
     charts = [f for f in figures if isinstance(f, Chart)]
     skipped = [f for f in figures if isinstance(f, Skipped)]
     df = run.conditions
-    failed = df[df["status"] != "done"] if not df.empty else df
+    unfinished = df[df["status"] != "done"] if not df.empty else df
+    finished = not run.finished.empty
     parts = [
         f"<h1>Run {html.escape(run.name)}</h1>",
         f"<p>{html.escape(str((m.get('playbook') or {}).get('description', '')))}</p>",
         f"<p>created {html.escape(str(m.get('created', '?')))}, commit "
         f"<code>{html.escape(str((m.get('git') or {}).get('commit'))[:12])}</code>, "
-        f"{len(df) - len(failed)} conditions done, {len(failed)} failed</p>",
+        f"conditions: {status_counts(df)}</p>",
         "<h2>Conditions</h2>",
-        headline_table(run.metric_rows()) if len(df) > len(failed) else "<p>none finished</p>",
+        headline_table(run.metric_rows()) if finished else "<p>none finished</p>",
     ]
     parts += [
-        f"<p class='bad'>{html.escape(r['condition'])} failed: "
+        f"<p class='bad {html.escape(r['status'])}'>{html.escape(r['condition'])} "
+        f"{html.escape(r['status'])}: "
         f"{html.escape(str(r['reason']).splitlines()[0] if r['reason'] else '')}</p>"
-        for r in failed.to_dict("records")
+        for r in unfinished.to_dict("records")
     ]
-    marked = mark_lines(run.metric_rows()) if len(df) > len(failed) else []
+    marked = mark_lines(run.metric_rows()) if finished else []
     parts += [f"<p class='bad marked'>{html.escape(line)}</p>" for line in marked]
     paper = (m.get("playbook") or {}).get("paper")
     if paper:
@@ -160,6 +162,7 @@ def history_charts(entries: list[RunEntry], metrics: list[str]) -> list[Chart]:
     for i, entry in enumerate(entries):
         run = entry.run
         rows = run.metric_rows()
+        rows = rows[rows["status"] == "done"] if not rows.empty else rows
         if rows.empty:
             continue
         name = str((run.manifest.get("playbook") or {}).get("name", ""))

@@ -19,6 +19,7 @@ from testbed.core.errors import BadInputError
 from testbed.metrics.condition_stats import ConditionStats
 from testbed.results import store
 from testbed.results.condition_table import condition_frame
+from testbed.results.marks import FINISHED
 from testbed.results.store import RunStore
 
 # a table's file in a condition folder; the first name that exists wins
@@ -60,6 +61,13 @@ class RunData:
         """The conditions that finished."""
         df = self.conditions
         return df[df["status"] == "done"] if not df.empty else df
+
+    @property
+    def finished(self) -> pd.DataFrame:
+        """The conditions whose figures are kept: done and faulted ones (a faulted one shows
+        as such; figures draw from `done` only)."""
+        df = self.conditions
+        return df[df["status"].isin(FINISHED)] if not df.empty else df
 
     def _devices(self, row: dict[str, Any]) -> int | None:
         for key in ("sweep.lab.devices", "sweep.devices", "devices"):
@@ -110,7 +118,7 @@ class RunData:
         and every figure of its stats object (`ConditionStats.as_row`), the latter winning
         except where it has none (pacing counts live in the journal only)."""
         rows = []
-        for row in self.done.to_dict("records"):
+        for row in self.finished.to_dict("records"):
             recomputed = self.stats(row["condition"]).as_row()  # None where records lack it
             rows.append(
                 {**row, **{k: v for k, v in recomputed.items() if v is not None or k not in row}}

@@ -13,7 +13,7 @@ from testbed.results.condition_table import (
     paper_rows,
     summary_rows,
 )
-from testbed.results.marks import mark_lines, shown_status
+from testbed.results.marks import mark_lines, shown_status, status_counts
 from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
 
 # (column of RunData.metric_rows, header, format): the terminal summary's columns of a finished
@@ -55,15 +55,16 @@ def summary_markdown(run: RunData, figures: list[Chart | Skipped]) -> str:
     df = run.conditions
     if df.empty:
         return "\n".join([*lines, "", "No condition has finished."]) + "\n"
-    failed = df[df["status"] != "done"]
-    lines.append(f"- conditions: {len(df) - len(failed)} done, {len(failed)} failed")
+    unfinished = df[df["status"] != "done"]
+    lines.append(f"- conditions: {status_counts(df)}")
     lines += ["", "## Conditions", ""]
-    if len(failed) < len(df):
+    if not run.finished.empty:
         lines += markdown_table(*headline_cells(run.metric_rows()))
     else:
         lines.append("(none finished)")
-    for row in failed.to_dict("records"):
-        lines.append(f"\n- `{row['condition']}` failed: {str(row['reason']).splitlines()[0]}")
+    for row in unfinished.to_dict("records"):
+        reason = str(row["reason"] or "").splitlines()[:1]
+        lines.append(f"\n- `{row['condition']}` {row['status']}: {''.join(reason)}")
     for line in mark_lines(run.metric_rows()):
         lines.append(f"\n- {line}")
     paper = (pb or {}).get("paper")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from testbed.config.playbook import shown_value
 from testbed.results.marks import mark_lines, shown_status
 from testbed.results.policy_comparison import COMPARISON_NOTE, compare_policies, comparison_rows
 from testbed.results.store import RunStore
@@ -89,10 +90,11 @@ def flatten(entry: dict[str, Any]) -> dict[str, Any]:
         "status": entry["status"],
         "reason": entry.get("reason", ""),
         "seconds": entry.get("seconds"),
-        "label": ", ".join(f"{k}={v}" for k, v in entry.get("values", {}).items()) or "base",
+        "label": ", ".join(f"{k}={shown_value(v)}" for k, v in entry.get("values", {}).items())
+        or "base",
     }
     for key, value in entry.get("values", {}).items():
-        row[f"sweep.{key}"] = value
+        row[f"sweep.{key}"] = shown_value(value)
     link = entry.get("link") or {}
     row["backend"] = link.get("backend")
     row["time_dilation"] = link.get("time_dilation")
@@ -100,6 +102,9 @@ def flatten(entry: dict[str, Any]) -> dict[str, Any]:
         row[f"link_requested.{key}"] = value
     for key, value in (link.get("summary") or {}).items():
         row[key] = value
+    faults = entry.get("faults") or []
+    row["faults"] = sum(not f.get("injected") for f in faults)
+    row["faults_injected"] = sum(bool(f.get("injected")) for f in faults)
     if "devices" in entry:  # a hardware run that lost devices: how many this one had
         row["devices"] = len(entry["devices"])
     row.update(entry.get("metrics") or {})
@@ -204,7 +209,7 @@ def print_summary(df: pd.DataFrame, title: str) -> None:
         console.print(f"[yellow]{line}[/yellow]")
     if "reason" in df.columns:
         for _, r in df[df["status"] != "done"].iterrows():
-            console.print(f"[red]{r['condition']} failed:[/red] {r['reason']}")
+            console.print(f"[red]{r['condition']} {r['status']}:[/red] {r['reason']}")
     console.print("[dim]the full table: testbed report RUN (report.md) and the dashboard[/dim]")
 
 

@@ -50,6 +50,20 @@ def condition_marks(row: Mapping[str, Any]) -> list[str]:
     return marks
 
 
+FINISHED = ("done", "faulted")
+"""Statuses whose figures are kept and shown: `faulted` is a condition during which an agent
+stopped before the runner stopped it (testbed.runner.watch); its figures are not SLED's."""
+
+
+def status_counts(df: pd.DataFrame) -> str:
+    """`5 done, 1 faulted, 0 failed` (faulted only where there is one)."""
+    status = df["status"] if not df.empty and "status" in df else pd.Series(dtype=str)
+    faulted = int((status == "faulted").sum())
+    failed = int((~status.isin(FINISHED)).sum())
+    return (f"{int((status == 'done').sum())} done, "
+            + (f"{faulted} faulted, " if faulted else "") + f"{failed} failed")  # fmt: skip
+
+
 def shown_status(row: Mapping[str, Any]) -> str:
     """The status as every table shows it: `done`, or `done, unfaithful 2.8% behind`, ..."""
     return ", ".join([str(row.get("status") or "done"), *condition_marks(row)])

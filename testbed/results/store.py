@@ -172,13 +172,12 @@ class RunStore:
                     latest[entry["condition"]] = entry
         return sorted(latest.values(), key=lambda e: e.get("index", 0))
 
-    def finished(self, retry_failed: bool = False) -> set[str]:
-        """Condition ids that need no run: done ones (and failed ones unless retried)."""
-        return {
-            e["condition"]
-            for e in self.journal()
-            if e["status"] == "done" or (e["status"] == "failed" and not retry_failed)
-        }
+    def finished(self, retry_failed: bool = False, rerun_faulted: bool = False) -> set[str]:
+        """Condition ids that need no run: done ones, faulted ones unless rerun, failed ones
+        unless retried."""
+        again = {"failed"} if retry_failed else set()
+        again |= {"faulted"} if rerun_faulted else set()
+        return {e["condition"] for e in self.journal() if e["status"] not in again}
 
     def staging(self, cid: str) -> ConditionFolder:
         """A fresh partial folder for condition cid (a stale one from a crash is discarded)."""

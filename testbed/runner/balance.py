@@ -56,7 +56,6 @@ from testbed.runner.agents import (
     fetch,
     model_on,
     place_emulation,
-    wait_for_exit,
     wait_for_file,
 )
 from testbed.runner.condition import READY_TIMEOUT_S, fresh_records
@@ -66,6 +65,7 @@ from testbed.runner.emulation import EMULATION_FILE, ConditionTime, emulation_ta
 from testbed.runner.lab_key import ensure_lab_key, key_path_on, place_lab_key
 from testbed.runner.link_step import condition_link_step
 from testbed.runner.reference import Answer, target_answers
+from testbed.runner.watch import AgentWatch
 from testbed.runner.workload import shaped
 
 SERVER_FILES = ("served.jsonl", "summary.json", "pacing.jsonl")
@@ -295,7 +295,13 @@ def run_balance(ctx: RunContext, cond: Condition, staged: ConditionFolder) -> di
             )  # fmt: skip
             if ctx.dry_run:
                 return {"link": link.record, "metrics": {}}
-            wait_for_exit(hosts, list(clients.values()), when.real_s(pb.condition_timeout_s))
+            watch = AgentWatch(hosts, cond.id, time.time() + CLIENT_LEAD_S, when.dilation,
+                               clocks, ctx.say, ctx.faults)  # fmt: skip
+            watch.keep(proc, ends_itself=False)
+            watch.keep_all(clients.values(), ends_itself=True)
+            watch.wait(when.real_s(pb.condition_timeout_s))
+            watch.poll()  # the server must still run as the clients end
+            watch.release(proc)
         finally:
             for p in [proc, *clients.values()]:
                 if hosts.is_alive(p):

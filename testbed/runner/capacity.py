@@ -61,9 +61,11 @@ def run_capacity(
         entries = RunStore(outcome.store.root).journal() if outcome.store else []
         entry = entries[0] if entries else {}
         metrics = entry.get("metrics") or {}
-        figure = metrics.get("device_verified_tok_s_min")
+        # a faulted probe (an agent stopped early) measured no capacity: it gives no figure
+        faulted = entry.get("status") == "faulted"
+        figure = None if faulted else metrics.get("device_verified_tok_s_min")
         probe = {
-            "devices": devices, "figure": figure,
+            "devices": devices, "figure": figure, "status": entry.get("status"),
             "faithful": metrics.get("compute_faithful", True) is not False,
             "behind_share": metrics.get("behind_share"),
             "time_dilation": (entry.get("link") or {}).get("time_dilation"),
@@ -71,6 +73,7 @@ def run_capacity(
         }  # fmt: skip
         probes.append(probe)
         note = "" if probe["faithful"] else " (unfaithful: forwards behind their hardware)"
+        note += f" (faulted: {entry.get('reason')})" if faulted else ""
         say(f"capacity probe: {devices} devices -> min verified {figure} tok/s per device{note}")
         return figure
 

@@ -28,10 +28,12 @@ from testbed.config.costs import load_cost_table
 from testbed.config.playbook import Condition
 from testbed.hosts.control import HostControl, RemoteProcess
 from testbed.hosts.inventory import InventoryHost
+from testbed.labs.backup import monitor_running
 from testbed.labs.clocks import host_clocks
 from testbed.links.plan import condition_links
 from testbed.metrics.acceptance_match import acceptance_match
 from testbed.metrics.clocks import ClockOffset
+from testbed.metrics.recovery import fault_recovery, recovery_figures, request_figures
 from testbed.results.store import ConditionFolder
 from testbed.results.tables import tables_from_records
 from testbed.runner.agents import (
@@ -45,15 +47,16 @@ from testbed.runner.agents import (
     model_on,
     place_emulation,
     server_command,
-    wait_for_exit,
     wait_for_file,
 )
 from testbed.runner.context import RunContext, condition_devices, condition_dilation
 from testbed.runner.draft_choice import DraftChoice, choose_draft, stood_for_acceptance
 from testbed.runner.emulation import ConditionTime
+from testbed.runner.inject import Injector, Slot
 from testbed.runner.lab_key import ensure_lab_key, place_lab_key
 from testbed.runner.link_step import condition_link_step
 from testbed.runner.reference import Answer, target_answers
+from testbed.runner.watch import AgentWatch, unasked
 from testbed.runner.workload import arrivals_for, problems_for, write_problem_file
 
 READY_TIMEOUT_S = 120.0  # a server loads its model and listens within this (real time)
@@ -69,7 +72,10 @@ class Agents:
     draft: str  # the draft model file the condition runs (testbed.runner.draft_choice)
     workers: dict[str, RemoteProcess] = field(default_factory=dict)  # host -> agent answering
     server_proc: RemoteProcess | None = None  # the verification server, if one runs
+    commands: dict[str, str] = field(default_factory=dict)  # host -> its agent's command
+    earlier: list[RemoteProcess] = field(default_factory=list)  # replaced by injected restarts
     started: float = field(default_factory=time.time)  # the server's span starts here
+    answering: float = field(default_factory=time.time)  # the devices (or answerer) start here
     clocks: dict[str, ClockOffset] = field(default_factory=dict)  # host -> offset, at start
 
     def on(self, host: InventoryHost) -> str:
@@ -85,6 +91,7 @@ class Agents:
 def run_condition(ctx: RunContext, cond: Condition, folder: ConditionFolder) -> dict[str, Any]:
     """Run one condition; returns the journal fields `link` and `metrics` (raises on failure)."""
     pb = cond.playbook
+    ctx.faults[:] = unasked(ctx.faults)  # an earlier try's injected faults are not this one's
     devices = condition_devices(ctx.lab.inventory(), cond, ctx.lost)
     when = ConditionTime.starting_now(condition_dilation(cond))
     links = condition_links(ctx.lab, [d.name for d in devices], pb, when.dilation)
@@ -105,13 +112,19 @@ def run_condition(ctx: RunContext, cond: Condition, folder: ConditionFolder) -> 
             start_agents(ctx, cond, agents, folder, when)
             if ctx.dry_run:
                 return {"link": link.record, "metrics": {}}
-            wait_for_exit(ctx.hosts, list(agents.workers.values()),
-                          when.real_s(pb.condition_timeout_s))  # fmt: skip
-            info = collect(ctx, cond, agents, folder, when)
+            watch = watch_agents(ctx, cond, agents, when, links.backup)
+            injector = fault_injector(ctx, cond, agents, watch, when)
+            injector.start()
+            try:
+                watch.wait(when.real_s(pb.condition_timeout_s), holds=injector.busy)
+            finally:
+                injector.stop()
+            info = collect(ctx, cond, agents, folder, when, watch)
         finally:
             stop_agents(ctx.hosts, agents)
         link.close()
     metrics = tables(cond, folder, reference, info) | choice.columns()
+    metrics |= recovery(ctx, cond, agents, folder, problems, when)
     metrics |= acceptance_match(metrics.get("acceptance_alpha"), metrics["acceptance_as"])
     return {"link": link.record, "metrics": metrics}
 
@@ -150,6 +163,8 @@ def start_agents(ctx: RunContext, cond: Condition, agents: Agents, folder: Condi
         ctx.say(f"{cond.id}: answering every device's problems on {server.name} ({pb.mode})")
         draft = model_on(server, "draft_model", agents.draft)
         command = local_command(server, cond, target, draft, agents.on(server))
+        agents.commands[server.name] = command
+        agents.answering = time.time()
         agents.workers[server.name] = hosts.start(server, "sled-local", command, env=AGENT_ENV)
         return
     if pb.mode != "device-only":
@@ -157,6 +172,7 @@ def start_agents(ctx: RunContext, cond: Condition, agents: Agents, folder: Condi
         place_lab_key(hosts, [server, *agents.devices], ensure_lab_key(ctx.lab.runtime_dir))
         agents.started = time.time()
         command = server_command(server, cond, target, agents.on(server))
+        agents.commands[server.name] = command
         agents.server_proc = hosts.start(server, "sled-server", command, env=AGENT_ENV)
         if not ctx.dry_run:
             wait_for_file(hosts, server, f"{agents.on(server)}/ready", agents.server_proc,
@@ -167,22 +183,78 @@ def start_agents(ctx: RunContext, cond: Condition, agents: Agents, folder: Condi
         place_emulation(hosts, dev, cond, ctx.lab.emulated, when.on_host(agents.clocks[dev.name]),
                         inputs, agents.on(dev))  # fmt: skip
     ctx.say(f"{cond.id}: starting {len(agents.devices)} device agents")
-    agents.workers = hosts.start_all(
-        "sled-device",
-        lambda h: device_command(
-            h, server, cond, model_on(h, "draft_model", agents.draft), agents.on(h)
-        ),  # fmt: skip
-        agents.devices,
-        env=AGENT_ENV,
-    )
+    for h in agents.devices:
+        model = model_on(h, "draft_model", agents.draft)
+        agents.commands[h.name] = device_command(h, server, cond, model, agents.on(h))
+    agents.answering = time.time()
+    agents.workers = hosts.start_all("sled-device", lambda h: agents.commands[h.name],
+                                     agents.devices, env=AGENT_ENV)  # fmt: skip
+
+
+def watch_agents(ctx: RunContext, cond: Condition, agents: Agents, when: ConditionTime,
+                 backup: bool) -> AgentWatch:  # fmt: skip
+    """Every agent started, watched (testbed.runner.watch): the server must run until the
+    runner stops it, the others may end by themselves, and an emulated lab's failover monitor
+    must run throughout; times count from the devices' start."""
+    watch = AgentWatch(ctx.hosts, cond.id, agents.answering,
+                       when.dilation, agents.clocks, ctx.say, ctx.faults)  # fmt: skip
+    if agents.server_proc is not None:
+        watch.keep(agents.server_proc, ends_itself=False)
+    watch.keep_all(agents.workers.values(), ends_itself=True)
+    if backup and ctx.lab.emulated:
+        name = ctx.lab.name
+        watch.keep_check("controller", "failover-monitor", lambda: monitor_running(name))
+    return watch
+
+
+def fault_injector(ctx: RunContext, cond: Condition, agents: Agents, watch: AgentWatch,
+                   when: ConditionTime) -> Injector:  # fmt: skip
+    """The injector of the condition's `faults` (none: one that does nothing); a restarted
+    agent replaces its predecessor in `agents`."""
+    slots = {h.name: Slot(h, proc, agents.commands[h.name], AGENT_ENV, True, agents.on(h))
+             for h in agents.devices if (proc := agents.workers.get(h.name))}  # fmt: skip
+    server = agents.server
+    if agents.server_proc is not None:
+        slots[server.name] = Slot(server, agents.server_proc, agents.commands[server.name],
+                                  AGENT_ENV, False, agents.on(server),
+                                  f"{agents.on(server)}/ready")  # fmt: skip
+
+    def restarted(slot: Slot) -> None:
+        agents.earlier.append(slot.earlier[-1])
+        if slot.host.name == server.name and agents.server_proc is not None:
+            agents.server_proc = slot.proc
+        else:
+            agents.workers[slot.host.name] = slot.proc
+
+    return Injector(ctx.hosts, watch, cond.playbook.faults, slots, server, when.dilation,
+                    restarted)  # fmt: skip
+
+
+def recovery(
+    ctx: RunContext, cond: Condition, agents: Agents, folder: ConditionFolder,
+    problems: dict[str, list[Problem]], when: ConditionTime,
+) -> dict[str, Any]:  # fmt: skip
+    """With injected faults: each one's recovery (testbed.metrics.recovery), written into the
+    run's faults, and the condition's recovery figures."""
+    if not cond.playbook.faults:
+        return {}
+    rounds, requests = (pd.read_parquet(folder.table(t)) if folder.table(t).exists()
+                        else pd.DataFrame() for t in ("rounds", "requests"))  # fmt: skip
+    ctx.faults[:] = [fault_recovery(f, rounds, agents.clocks, when.wall) if f.injected else f
+                     for f in ctx.faults]  # fmt: skip
+    asked = {name: [str(p.id) for p in mine] for name, mine in problems.items()}
+    return recovery_figures(ctx.faults) | request_figures(asked, requests)
 
 
 def collect(ctx: RunContext, cond: Condition, agents: Agents, folder: ConditionFolder,
-            when: ConditionTime) -> list[dict[str, Any]]:  # fmt: skip
-    """Stop the server, fetch every agent's records into the condition's `hosts/`, and return
-    what the controller knows of each host that ran (`hosts_info`)."""
+            when: ConditionTime, watch: AgentWatch) -> list[dict[str, Any]]:  # fmt: skip
+    """Stop the server (a last look first: it must still run), fetch every agent's records
+    into the condition's `hosts/`, and return what the controller knows of each host that
+    ran (`hosts_info`)."""
     hosts, server = ctx.hosts, agents.server
     if agents.server_proc is not None:
+        watch.poll()
+        watch.release(agents.server_proc)
         hosts.stop(agents.server_proc)
     span = (when.wall(agents.started), when.wall(time.time()))
     alone = cond.playbook.mode in SERVER_ALONE
@@ -192,6 +264,8 @@ def collect(ctx: RunContext, cond: Condition, agents: Agents, folder: ConditionF
     if agents.server_proc is not None:
         fetch(hosts, server, agents.on(server), SERVER_FILES, agents.server_proc,
               folder.host(server.name))  # fmt: skip
+    for proc in agents.earlier:  # the logs of agents an injected restart replaced
+        hosts.get(proc.host, proc.log_file, folder.host(proc.host) / f"{proc.name}.log")
     return info
 
 

@@ -9,6 +9,7 @@ from testbed.config.playbook import Condition
 from testbed.hosts.control import HostControl
 from testbed.hosts.inventory import Inventory, InventoryHost
 from testbed.labs.interface import Lab
+from testbed.metrics.schemas import FaultRecord
 from testbed.runner.reference import ReferenceBook
 
 
@@ -26,6 +27,8 @@ class RunContext:
     dry_run: bool = False
     # device -> why it stopped answering during the run (left out of every later condition)
     lost: dict[str, str] = field(default_factory=dict)
+    # the faults of the condition now running (testbed.runner.watch), pilots' included
+    faults: list[FaultRecord] = field(default_factory=list)
 
 
 def condition_devices(

@@ -2,13 +2,13 @@
 no forward behind the hardware its host stands for.
 
 A pilot is the condition itself, cut short (one problem per device, at most
-`PILOT_MAX_NEW_TOKENS` new tokens; BALANCE: `PILOT_USERS` users), run through the same
-pipeline at dilation 1, 2, 4, ... until one has no behind forward. A pilot is shorter than
-the condition (fewer and shorter answers, smaller batches), so the whole condition can still
-run behind at the chosen dilation; it then runs again at the next one, until it is faithful or
-the dilations run out (then it stays marked unfaithful). The pilots' tables stay in the
-condition's folder (`pilots/x<N>/`), each whole try that ran behind in `tries/x<N>/`, and every
-try in the journal entry, so the choice can be checked afterwards.
+`PILOT_MAX_NEW_TOKENS` new tokens; BALANCE: `PILOT_USERS` users; no injected fault), run
+through the same pipeline at dilation 1, 2, 4, ... until one has no behind forward. A pilot
+is shorter than the condition (fewer and shorter answers, smaller batches), so the whole
+condition can still run behind at the chosen dilation; it then runs again at the next one,
+until it is faithful or the dilations run out (then it stays marked unfaithful). The pilots'
+tables stay in the condition's folder (`pilots/x<N>/`), each whole try that ran behind in
+`tries/x<N>/`, and every try in the journal entry, so the choice can be checked afterwards.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def pilot_of(cond: Condition, dilation: float) -> Condition:
     data["workload"]["problems_per_device"] = 1
     data["workload"]["max_new_tokens"] = min(pb.workload.max_new_tokens, PILOT_MAX_NEW_TOKENS)
     data["balance"]["users"] = min(pb.balance.users, PILOT_USERS)
+    data["faults"] = []  # a pilot is too short for them; the condition itself takes them
     return cond.model_copy(
         update={"id": f"{cond.id}-pilot-x{dilation:g}", "playbook": Playbook.model_validate(data)}
     )

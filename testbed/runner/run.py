@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -12,9 +13,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 from testbed.balance.budget import check_budget
+from testbed.config.faults import check_faults
 from testbed.config.playbook import (
     DEFAULT_MAX_CONDITIONS,
     Condition,
@@ -37,15 +40,18 @@ from testbed.labs.kinds import lab_class
 from testbed.labs.physical import inventory_topology
 from testbed.labs.setup import LabSetup
 from testbed.labs.system import SystemRunner
+from testbed.metrics.schemas import FaultRecord
 from testbed.results.condition_table import write_condition_table
 from testbed.results.manifest import build_manifest, model_digests
 from testbed.results.store import ConditionFolder, RunStore
+from testbed.results.tables import write_typed
 from testbed.runner.context import RunContext, condition_devices
 from testbed.runner.emulation import check_emulation, time_dilation
 from testbed.runner.models import resolve_models
 from testbed.runner.modes import condition_runner
 from testbed.runner.pilot import at_dilation, run_dilated
 from testbed.runner.reference import ReferenceBook
+from testbed.runner.watch import fault_fields, unasked
 from testbed.runner.workload import check_workload
 from testbed.topo.topology import Topology
 
@@ -83,9 +89,10 @@ FULL_CHECK = 1000  # up to this many conditions, a run checks every one before t
 
 
 def check_conditions(conditions: Sweep, topology: Topology, source: str) -> None:
-    """Refuse, before the lab comes up, a condition whose dilation its lab cannot run or whose
-    models the catalogue lacks or its hosts cannot hold (every condition of a sweep up to
-    FULL_CHECK; past that the base playbook, the rest as the run reaches them)."""
+    """Refuse, before the lab comes up, a condition whose dilation its lab cannot run, whose
+    models the catalogue lacks or its hosts cannot hold, or whose injected faults it cannot
+    take (every condition of a sweep up to FULL_CHECK; past that the base playbook, the rest
+    as the run reaches them)."""
     hosts = [(h.name, h.role, h.host_class) for h in topology.hosts]
     todo = conditions if len(conditions) <= FULL_CHECK else [next(iter(conditions))]
     for cond in todo:
@@ -93,6 +100,10 @@ def check_conditions(conditions: Sweep, topology: Topology, source: str) -> None
         time_dilation(cond.playbook, where)
         check_emulation(cond.playbook, hosts, where)
         check_workload(cond.playbook, where)
+        count = cond.playbook.lab.devices
+        devices = [h.name for h in topology.hosts if h.role == "device"][:count]
+        check_faults(cond.playbook.faults, cond.playbook.mode, devices,
+                     cond.playbook.condition_timeout_s, where)  # fmt: skip
         if cond.playbook.mode == "balance":
             check_budget(cond.playbook, topology.server.host_class, where)
 
@@ -125,6 +136,7 @@ class RunOutcome:
     done: int
     failed: int
     skipped: int
+    faulted: int = 0
 
 
 def new_run_dir(pb: Playbook, base: Path | None = None) -> Path:
@@ -174,6 +186,7 @@ def execute(
     resume: Path | None = None,
     out: Path | None = None,
     retry_failed: bool = False,
+    rerun_faulted: bool = False,
     dry_run: bool = False,
     lab_kind: str | None = None,
     inventory: str | None = None,
@@ -217,7 +230,7 @@ def execute(
         # is kept beside it for the record
         save_playbook(store, pb)
         store.playbook_source_path.write_text(Path(playbook_path).read_text())
-    finished = store.finished(retry_failed)
+    finished = store.finished(retry_failed, rerun_faulted)
     # lazy: conditions are resolved one at a time as the loop reaches them
     todo = (c for c in conditions if c.id not in finished)
     remaining = len(conditions) - len(finished)  # journaled ids are ids of this sweep
@@ -233,7 +246,7 @@ def execute(
     setup = run_lab_setup(pb, source)
     check_conditions(conditions, setup.topology, source)
 
-    done = failed = 0
+    done = failed = faulted = 0
     counts = ", ".join(f"{n} {c}" for c, n in setup.topology.class_counts().items())
     say(f"{pb.lab.kind} lab up: {setup.topology.server.name} + {counts} devices")
     with running_lab(pb.lab.kind, setup, say) as lab, HostControl(lab.inventory()) as hosts:
@@ -256,10 +269,11 @@ def execute(
             entry = _run_one(ctx, store, cond)
             done += entry["status"] == "done"
             failed += entry["status"] == "failed"
+            faulted += entry["status"] == "faulted"
             write_condition_table(store)
             if on_condition:
                 on_condition(entry)
-    return RunOutcome(store, done, failed, len(conditions) - remaining)
+    return RunOutcome(store, done, failed, len(conditions) - remaining, faulted)
 
 
 def _leave_out_lost(ctx: RunContext, store: RunStore, cid: str) -> None:
@@ -282,6 +296,7 @@ def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
     staged = store.staging(cond.id)
     t0 = time.time()
     base = {"condition": cond.id, "index": cond.index, "values": cond.values, "started": t0}
+    ctx.faults.clear()
     if ctx.lost:
         names = [d.name for d in condition_devices(ctx.lab.inventory(), cond, ctx.lost)]
         base |= {"devices": names, "lost": dict(ctx.lost)}
@@ -296,15 +311,28 @@ def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
     except Exception as exc:  # a failed condition is journaled; the sweep goes on
         reason = str(exc) if isinstance(exc, TestbedError) else f"{type(exc).__name__}: {exc}"
         staged.error.write_text(traceback.format_exc())
-        entry = {**base, "status": "failed", "reason": reason, "seconds": time.time() - t0}
+        entry = {**base, "status": "failed", "reason": reason, "seconds": time.time() - t0,
+                 "faults": fault_fields(ctx.faults)["faults"]}  # fmt: skip
         link = staged.link
         if link.exists():
             entry["link"] = json.loads(link.read_text())
+        write_faults(staged, ctx.faults)
         store.record_failure(cond.id, staged, entry)
         return entry
-    entry = {**base, "status": "done", "seconds": time.time() - t0, **result}
+    # an agent that stopped before the runner stopped it makes the condition `faulted`: its
+    # figures are kept, and shown as a faulted condition's
+    status = "faulted" if unasked(ctx.faults) else "done"
+    entry = {**base, "status": status, "seconds": time.time() - t0, **result,
+             **fault_fields(ctx.faults)}  # fmt: skip
+    write_faults(staged, ctx.faults)
     store.commit(cond.id, staged, entry)
     return entry
+
+
+def write_faults(staged: ConditionFolder, faults: list[FaultRecord]) -> None:
+    """The condition's `faults` table (DuckDB's `faults` view spans the run's)."""
+    if staged.root.exists():
+        write_typed("faults", pd.DataFrame([dataclasses.asdict(f) for f in faults]), staged)
 
 
 def _dry_run(pb: Playbook, conditions: Sweep, say: Callable[[str], None]) -> RunOutcome:
