@@ -24,6 +24,7 @@ from testbed.commands import (
     report,
     results,
     run,
+    simulate,
     validate,
 )
 
@@ -38,6 +39,7 @@ GROUPS = {
 COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("run", run.run),
     ("validate", validate.validate),
+    ("simulate", simulate.simulate),
     ("report", report.report),
     ("dashboard", dashboard.dashboard),
     ("compare", compare.compare),

@@ -48,6 +48,7 @@ class Problem:
     prompt_ids: tuple[int, ...] | None = None
     max_new: int | None = None
     stands_for: str | None = None
+    prompt_tokens: int | None = None  # the stood-for prompt's length (its ids, once built)
 
 
 def prompt(problem: Problem) -> str:

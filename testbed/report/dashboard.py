@@ -95,6 +95,14 @@ def run_page(run: RunData) -> str:
         f"<p>created {html.escape(str(m.get('created', '?')))}, commit "
         f"<code>{html.escape(str((m.get('git') or {}).get('commit'))[:12])}</code>, "
         f"conditions: {status_counts(df)}</p>",
+        *(
+            [
+                "<p class='bad simulated'>simulated by the twin (testbed simulate), not measured "
+                "on a lab</p>"
+            ]
+            if m.get("simulated")
+            else []
+        ),
         "<h2>Conditions</h2>",
         headline_table(run.metric_rows()) if finished else "<p>none finished</p>",
     ]

@@ -25,6 +25,9 @@ HEADLINE = (
 )
 
 
+SIMULATED = "**simulated** by the twin (`testbed simulate`), not measured on a lab"
+
+
 def headline_cells(rows: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """Headers and formatted cells of the headline table (columns the rows lack are left out),
     the status with its marks (`shown_status`)."""
@@ -52,6 +55,8 @@ def summary_markdown(run: RunData, figures: list[Chart | Skipped]) -> str:
         f"- lab: {(m.get('lab') or {}).get('kind', '?')}, "
         f"{(m.get('lab') or {}).get('devices', '?')} devices",
     ]
+    if m.get("simulated"):
+        lines.append(f"- {SIMULATED}")
     df = run.conditions
     if df.empty:
         return "\n".join([*lines, "", "No condition has finished."]) + "\n"

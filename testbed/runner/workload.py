@@ -129,7 +129,7 @@ def shaped(
         fitted = fitter.fit(prompt(p), length.prompt, seed=workload.seed + i) if fitter else None
         out.append(dataclasses.replace(
             p, id=f"{p.id}-{workload.stands_for}", prompt_ids=fitted, max_new=answer,
-            stands_for=sid,
+            stands_for=sid, prompt_tokens=length.prompt,
         ))  # fmt: skip
     return out
 

@@ -1,0 +1,154 @@
+"""What the twin simulates of one condition, taken from the playbook the lab would run.
+
+The devices and their hardware come from the playbook's topology (`lab.devices` of them), the
+stood-for models and the server's hardware from the catalogue (`topologies/hardware.yaml`,
+the step times the lab's pacing keeps), the link from the playbook's `link` profile, the
+SLED settings from `sled`, the requests' prompt and answer lengths from the same problems the
+lab would ask (`testbed.runner.workload.problems_for`), and the per-token acceptance from the
+stood-for pair's published figure (`workloads.yaml`) unless a measured one is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agents.emulation.stepcost import Hardware, ModelShape
+from testbed.config.playbook import Condition, playbook_topology
+from testbed.core.errors import BadInputError
+from testbed.runner.draft_choice import stood_for_acceptance
+from testbed.runner.emulation import hardware_of
+from testbed.runner.workload import problems_for
+from testbed.topo.catalogue import load_catalogue
+
+MAX_DEVICES = 100_000
+"""The most devices one simulated condition takes (`lab.devices`)."""
+PROMPT_TOKENS_PER_WORD = 1.3  # a request without prompt ids: its words, as tokens
+
+
+@dataclass(frozen=True)
+class Request:
+    problem: str
+    prompt_tokens: int
+    answer_tokens: int
+
+
+@dataclass(frozen=True)
+class TwinDevice:
+    name: str
+    host_class: str | None
+    hardware: Hardware
+    requests: tuple[Request, ...]
+
+
+@dataclass(frozen=True)
+class TwinCondition:
+    """One condition as the twin runs it."""
+
+    id: str
+    mode: str  # sled or centralized
+    devices: tuple[TwinDevice, ...]
+    server_class: str | None
+    server: Hardware
+    draft: ModelShape
+    target: ModelShape
+    acceptance: float  # per drafted token
+    acceptance_source: str
+    rtt_s: float
+    jitter_s: float
+    loss_up: float
+    loss_down: float
+    draft_len: int
+    draft_policy: str
+    draft_min: int
+    draft_max: int
+    target_acceptance: float
+    timeout_s: float
+    retries: int
+    copies: int
+    probe_s: float
+    max_batch: int
+    batch_strategy: str
+    window_s: float
+
+
+def twin_condition(
+    cond: Condition, source: str, acceptance: float | None = None, devices: int | None = None
+) -> TwinCondition:
+    """The condition as the twin runs it (`devices`: that many, past the lab's limit, each
+    of the topology's one device class); BadInputError naming file and key where the playbook
+    asks for what the twin cannot simulate."""
+    pb = cond.playbook
+    where = f"{source} ({cond.id})"
+    if pb.mode not in ("sled", "centralized"):
+        raise BadInputError(
+            f"{where}: mode: the twin simulates sled and centralized, not {pb.mode}"
+        )
+    if pb.link.varies:
+        raise BadInputError(f"{where}: link: the twin takes a steady link (no schedule or trace)")
+    topo = playbook_topology(pb, source)
+    hosts = [h for h in topo.hosts if h.role == "device"]
+    key = "--devices" if devices is not None else "lab.devices"
+    count = devices or pb.lab.devices or len(hosts)
+    if count > MAX_DEVICES:
+        raise BadInputError(f"{where}: {key}: {count} is over the twin's {MAX_DEVICES:,}")
+    if count > len(hosts):
+        if len({h.host_class for h in hosts}) != 1:
+            raise BadInputError(
+                f"{where}: {key}: {count} devices of a mixed fleet of {len(hosts)}: the twin "
+                "rescales a one-class fleet only"
+            )
+        hosts = [hosts[0].model_copy(update={"name": f"dev{i + 1}"}) for i in range(count)]
+    hosts = hosts[:count]
+    cat = load_catalogue()
+    draft = cat.model(pb.models.draft_as, f"{where}: models.draft_as")
+    target = cat.model(pb.models.target_as, f"{where}: models.target_as")
+
+    def hardware(cls: str | None, key: str) -> Hardware:
+        name = hardware_of(cls, f"{where}: {key}")
+        if name is None:
+            raise BadInputError(f"{where}: {key}: a host with no class has no hardware to simulate")
+        return cat.hardware(name, f"{where}: {key} (class {cls})")
+
+    published = stood_for_acceptance(cond)
+    if acceptance is None and published is None:
+        raise BadInputError(
+            f"{where}: workload.stands_for: the twin needs the stood-for pair's published "
+            "acceptance (or a measured one: --acceptance)"
+        )
+    alpha = acceptance if acceptance is not None else published.per_token  # type: ignore[union-attr]
+    asked = problems_for(pb.workload, [d.name for d in hosts], None, pb.models.target_as)
+    s = pb.sled
+    twins = tuple(
+        TwinDevice(d.name, d.host_class, hardware(d.host_class, f"host {d.name}"),
+                   tuple(request_of(p, pb.workload.max_new_tokens) for p in asked[d.name]))
+        for d in hosts
+    )  # fmt: skip
+    return TwinCondition(
+        id=cond.id, mode=pb.mode, devices=twins, server_class=topo.server.host_class,
+        server=hardware(topo.server.host_class, f"host {topo.server.name}"),
+        draft=draft, target=target, acceptance=float(alpha),
+        acceptance_source="measured (--acceptance)" if acceptance is not None
+        else f"published: {published.source}",  # type: ignore[union-attr]
+        rtt_s=pb.link.rtt_ms / 1e3, jitter_s=pb.link.jitter_ms / 1e3,
+        loss_up=pb.link.up_loss, loss_down=pb.link.down_loss,
+        draft_len=s.draft_len, draft_policy=s.draft_policy, draft_min=s.draft_min,
+        draft_max=s.draft_max, target_acceptance=s.target_acceptance,
+        timeout_s=s.timeout_ms / 1e3, retries=s.retries, copies=s.copies,
+        probe_s=s.probe_ms / 1e3, max_batch=s.max_batch, batch_strategy=s.batch_strategy,
+        window_s=s.window_ms / 1e3,
+    )  # fmt: skip
+
+
+def request_of(problem: object, max_new: int) -> Request:
+    """A problem's lengths: its stood-for prompt and answer (held), else its words and the
+    playbook's answer budget."""
+    ids = getattr(problem, "prompt_ids", None)
+    held = getattr(problem, "max_new", None)
+    length = getattr(problem, "prompt_tokens", None)
+    if ids is not None:
+        prompt = len(ids)
+    elif length:
+        prompt = int(length)
+    else:
+        prompt = round(len(str(getattr(problem, "question", "")).split()) * PROMPT_TOKENS_PER_WORD)
+    return Request(str(problem.id), max(1, prompt), int(held or max_new))

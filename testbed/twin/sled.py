@@ -1,0 +1,273 @@
+"""The twin's discrete-event model of SLED and of the centralized server (SimPy).
+
+SLED: each device prefills its draft over the prompt, then runs rounds: it drafts k tokens
+at its hardware's decode step times (k fixed, or from the agents' own adaptive controller),
+sends a VERIFY (`copies` copies, each lost with the uplink's loss), and waits `timeout_s`
+per attempt for a verdict, `retries` times more; the verdict accepts n of the k drafts, each
+in turn with the per-token acceptance, and adds n + 1 tokens. With every attempt unanswered
+the round keeps its drafts unverified (fallback) and the device goes offline: it drafts on
+alone, probing the server every `probe_s`, and comes back with the first probe answered.
+The server takes what arrived within `window_s` of the first waiting verification, groups it
+as the agents' server does (`agents.sled.batching.plan_groups`, at most `max_batch` each)
+and runs each group as one target forward at the catalogue's step time; a repeated attempt
+of a verification it already verified is answered again without a forward.
+
+Centralized: each device sends its prompt; the server runs continuous batching (up to
+`max_batch` sequences; one at a time with `max_batch` 1): every forward prefills the newly
+admitted prompts and decodes one token of each running sequence; a finished answer goes back
+whole. A lost request or answer is asked again after `timeout_s`.
+
+Records are the lab's (`rounds`, `requests`, `hosts`), times in seconds from 0, so every
+figure is computed by the same `ConditionStats` as a lab run's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from agents.emulation.stepcost import decode_seconds, prefill_seconds, step_seconds
+from agents.sled.batching import Shape, plan_groups
+from agents.sled.draft_length import DraftLengthController
+from testbed.twin.inputs import TwinCondition, TwinDevice
+
+UNPACED = {"model": "twin", "paced": False, "forwards": 0, "behind": 0, "modelled_s": 0.0,
+           "computed_s": 0.0}  # fmt: skip
+"""A simulated round computes nothing: no forward to pace."""
+EPOCH = 1_000_000.0  # records' times start here (a lab's are epoch seconds; none is 0)
+
+
+@dataclass
+class Ask:
+    """One verification (or centralized request) and what became of it."""
+
+    dev: str
+    shape: Shape  # cached tokens before it, tokens it feeds
+    answer: simpy.Event
+    tokens: int = 0  # centralized: the answer's length
+    served: bool = False
+    batch: int = 0
+    received: bool = False  # the server has it
+    generated: simpy.Event | None = None  # centralized: its answer is made
+
+
+@dataclass
+class Records:
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    hosts: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Twin:
+    """One condition's simulation (`run()` returns its records)."""
+
+    def __init__(self, tc: TwinCondition, seed: int = 0) -> None:
+        self.tc, self.env = tc, simpy.Environment(initial_time=EPOCH)
+        self.rng = np.random.default_rng(seed)
+        self.queue: simpy.Store = simpy.Store(self.env)
+        self.records = Records()
+
+    # --- the link --------------------------------------------------------------------------
+
+    def _one_way(self) -> float:
+        jitter = self.rng.uniform(-self.tc.jitter_s, self.tc.jitter_s) if self.tc.jitter_s else 0
+        return max(0.0, self.tc.rtt_s / 2 + jitter)
+
+    def _arrives(self, loss: float) -> bool:
+        """Whether at least one of the copies gets through."""
+        return bool((self.rng.random(self.tc.copies) >= loss).any())
+
+    def _send_up(self, ask: Ask) -> None:
+        if self._arrives(self.tc.loss_up):
+            self.env.process(self._after(self._one_way(), lambda: self._receive(ask)))
+
+    def _receive(self, ask: Ask) -> None:
+        ask.received = True
+        self.queue.put(ask)
+
+    def _send_down(self, ask: Ask) -> None:
+        if self._arrives(self.tc.loss_down):
+            self.env.process(self._after(self._one_way(), lambda: self._answer(ask)))
+
+    def _after(self, delay: float, then: Any) -> Generator:
+        yield self.env.timeout(delay)
+        then()
+
+    def _answer(self, ask: Ask) -> None:
+        if not ask.answer.triggered:
+            ask.answer.succeed()
+
+    # --- the SLED server -------------------------------------------------------------------
+
+    def _sled_server(self) -> Generator:
+        tc = self.tc
+        while True:
+            first = yield self.queue.get()
+            yield self.env.timeout(tc.window_s)
+            waiting = [first, *self.queue.items]
+            self.queue.items.clear()
+            fresh: list[Ask] = []
+            for ask in waiting:
+                if ask.served:  # an attempt again: answered from what it was told
+                    self._send_down(ask)
+                elif ask not in fresh:
+                    fresh.append(ask)
+            groups = plan_groups([a.shape for a in fresh], tc.batch_strategy, tc.max_batch)  # type: ignore[arg-type]
+            for group in groups:
+                asks = [fresh[i] for i in group]
+                batch = [(a.shape.new, a.shape.past) for a in asks]
+                yield self.env.timeout(step_seconds(tc.server, tc.target, batch))
+                for a in asks:
+                    a.served, a.batch = True, len(asks)
+                    self._send_down(a)
+
+    # --- a SLED device ---------------------------------------------------------------------
+
+    def _sled_device(self, dev: TwinDevice) -> Generator:
+        tc, env = self.tc, self.env
+        control = (DraftLengthController(tc.draft_min, tc.draft_max, tc.target_acceptance)
+                   if tc.draft_policy == "adaptive" else None)  # fmt: skip
+        online, t_first = [True], env.now
+        for req in dev.requests:
+            t0 = env.now
+            yield env.timeout(prefill_seconds(dev.hardware, tc.draft, req.prompt_tokens))
+            ctx, done, verified, kept, n_round, synced = req.prompt_tokens, 0, 0, 0, 0, 0
+            while done < req.answer_tokens:
+                k = min(control.current if control else tc.draft_len, req.answer_tokens - done)
+                t_round = env.now
+                draft_s = sum(decode_seconds(dev.hardware, tc.draft, 1, ctx + i) for i in range(k))
+                yield env.timeout(draft_s)
+                got, attempts = False, 0
+                if online[0]:
+                    # the first verification carries the prompt; later ones the last token
+                    new = (req.prompt_tokens if synced == 0 else 1) + k
+                    ask = Ask(dev.name, Shape(synced, new), env.event())
+                    while attempts <= tc.retries:
+                        attempts += 1
+                        self._send_up(ask)
+                        yield ask.answer | env.timeout(tc.timeout_s)
+                        if ask.answer.triggered:
+                            got = True
+                            break
+                    if not got:
+                        online[0] = False
+                        env.process(self._probe(online))
+                row = {"dev": dev.name, "problem": req.problem, "round": n_round,
+                       "t_start": t_round, "drafted": k, "draft_len": k, "attempts": attempts,
+                       "draft_ms": draft_s * 1e3,
+                       **UNPACED}  # fmt: skip
+                if got:
+                    accepted = self._accepted(k)
+                    tokens = min(accepted + 1, req.answer_tokens - done)
+                    verified += tokens
+                    synced = ctx + tokens
+                    if control:
+                        control.observe(accepted, k)
+                    row |= {"mode": "verified", "accepted": accepted, "batch": ask.batch,
+                            "rtt_ms": (env.now - t_round - draft_s) * 1e3}  # fmt: skip
+                else:
+                    tokens = k
+                    kept += tokens
+                    row |= {"mode": "fallback"}
+                row |= {"t_end": env.now, "tokens": tokens}
+                self.records.rounds.append(row)
+                ctx, done, n_round = ctx + tokens, done + tokens, n_round + 1
+            self.records.requests.append(self._request(dev, req, t0, done, verified, kept, n_round))
+        self._host(dev, t_first)
+
+    def _accepted(self, k: int) -> int:
+        """Drafts accepted in turn, each with the per-token acceptance, up to the first miss."""
+        misses = np.flatnonzero(self.rng.random(k) >= self.tc.acceptance)
+        return int(misses[0]) if misses.size else k
+
+    def _probe(self, online: list[bool]) -> Generator:
+        """Offline: a probe every probe_s until one is answered (both ways through)."""
+        while not online[0]:
+            if self._arrives(self.tc.loss_up) and self._arrives(self.tc.loss_down):
+                yield self.env.timeout(self._one_way() + self._one_way())
+                online[0] = True
+                return
+            yield self.env.timeout(self.tc.probe_s)
+
+    # --- centralized -----------------------------------------------------------------------
+
+    def _central_server(self) -> Generator:
+        tc, env = self.tc, self.env
+        running: list[list[Any]] = []  # [ask, tokens still to make, context]
+        while True:
+            if not running and not self.queue.items:
+                first = yield self.queue.get()
+                self.queue.items.insert(0, first)
+            fresh: list[Ask] = []
+            while self.queue.items and len(running) + len(fresh) < tc.max_batch:
+                ask = self.queue.items.pop(0)
+                if ask.served:
+                    self._send_down(ask)
+                elif all(ask is not r[0] for r in running) and ask not in fresh:
+                    fresh.append(ask)
+            batch = [(a.shape.new, 0) for a in fresh] + [(1, c) for _, _, c in running]
+            yield env.timeout(step_seconds(tc.server, tc.target, batch))
+            running += [[a, a.tokens - 1, a.shape.new + 1] for a in fresh]
+            for r in running:
+                if r[0] not in fresh:
+                    r[1], r[2] = r[1] - 1, r[2] + 1
+            for r in [r for r in running if r[1] <= 0]:
+                running.remove(r)
+                r[0].served, r[0].batch = True, len(batch)
+                if r[0].generated is not None and not r[0].generated.triggered:
+                    r[0].generated.succeed()
+                self._send_down(r[0])
+
+    def _central_device(self, dev: TwinDevice) -> Generator:
+        env, tc, t_first = self.env, self.tc, self.env.now
+        for req in dev.requests:
+            t0 = env.now
+            ask = Ask(dev.name, Shape(0, req.prompt_tokens), env.event(), tokens=req.answer_tokens)
+            ask.generated = env.event()
+            attempts = 0
+            while not ask.answer.triggered:
+                attempts += 1
+                self._send_up(ask)
+                yield ask.answer | env.timeout(tc.timeout_s)
+                if not ask.answer.triggered and ask.received:
+                    # the server has it: wait for the answer, asking again if it was lost
+                    yield ask.generated
+                    yield ask.answer | env.timeout(tc.timeout_s + tc.rtt_s)
+            self.records.rounds.append({
+                "dev": dev.name, "problem": req.problem, "round": 0, "t_start": t0,
+                "t_end": env.now, "mode": "centralized", "tokens": req.answer_tokens,
+                "attempts": attempts, "batch": ask.batch, **UNPACED,
+            })  # fmt: skip
+            self.records.requests.append(
+                self._request(dev, req, t0, req.answer_tokens, req.answer_tokens, 0, 1)
+            )
+        self._host(dev, t_first)
+
+    # --- records ---------------------------------------------------------------------------
+
+    def _request(self, dev: TwinDevice, req: Any, t0: float, tokens: int, verified: int,
+                 kept: int, rounds: int) -> dict[str, Any]:  # fmt: skip
+        return {"dev": dev.name, "problem": req.problem, "t_start": t0, "t_end": self.env.now,
+                "tokens": tokens, "verified_tokens": verified, "fallback_tokens": kept,
+                "rounds": rounds, "prompt_tokens": req.prompt_tokens,
+                "asked_tokens": req.answer_tokens}  # fmt: skip
+
+    def _host(self, dev: TwinDevice, t_first: float) -> None:
+        self.records.hosts.append({"dev": dev.name, "t_start": t_first, "t_end": self.env.now,
+                                   "answered": len(dev.requests), "role": "device",
+                                   "host_class": dev.host_class})  # fmt: skip
+
+    def run(self) -> Records:
+        sled = self.tc.mode == "sled"
+        self.env.process(self._sled_server() if sled else self._central_server())
+        devices = [self.env.process((self._sled_device if sled else self._central_device)(d))
+                   for d in self.tc.devices]  # fmt: skip
+        self.env.run(until=simpy.AllOf(self.env, devices))
+        server = {"dev": "server", "t_start": EPOCH, "t_end": self.env.now, "role": "server",
+                  "host_class": self.tc.server_class}  # fmt: skip
+        self.records.hosts.append(server)
+        return self.records

@@ -1,0 +1,129 @@
+"""The twin against closed forms, each shown to fail with its mechanism removed; `testbed
+simulate` writing a run folder the report reads, marked simulated; bad input named."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from testbed.cli import app
+from testbed.config.playbook import expand, load_playbook
+from testbed.core.errors import BadInputError
+from testbed.report.data import load_run
+from testbed.report.summary import summary_markdown
+from testbed.topo.catalogue import load_catalogue
+from testbed.twin import sled as twin_sled
+from testbed.twin.inputs import Request, TwinCondition, TwinDevice, twin_condition
+from testbed.twin.sled import Twin
+
+SEED = "experiments/seed-sled-vs-centralized.yaml"
+
+
+def condition(mode: str = "sled", devices: int = 4, answer: int = 400, **kw) -> TwinCondition:
+    cat = load_catalogue()
+    pi5 = cat.hardware("pi5", "test")
+    reqs = (Request("p1", 60, answer),)
+    base = dict(
+        id="c", mode=mode,
+        devices=tuple(TwinDevice(f"dev{i}", None, pi5, reqs) for i in range(devices)),
+        server_class=None, server=cat.hardware("a100-80gb-x4", "test"),
+        draft=cat.model("llama-3.2-1b@q4_0", "test"), target=cat.model("llama-3.1-8b@bf16", "t"),
+        acceptance=0.8, acceptance_source="test", rtt_s=0.085, jitter_s=0.0, loss_up=0.0,
+        loss_down=0.0, draft_len=4, draft_policy="fixed", draft_min=3, draft_max=8,
+        target_acceptance=0.75, timeout_s=0.3, retries=3, copies=1, probe_s=0.2, max_batch=16,
+        batch_strategy="arrival", window_s=0.002,
+    )  # fmt: skip
+    return TwinCondition(**(base | kw))  # type: ignore[arg-type]
+
+
+def verified_rounds(tc: TwinCondition, seed: int = 1) -> list[dict]:
+    return [r for r in Twin(tc, seed).run().rounds if r["mode"] == "verified"]
+
+
+def tokens_a_round(tc: TwinCondition) -> float:
+    rounds = [r for r in verified_rounds(tc) if r["tokens"] == r["accepted"] + 1]  # not cut
+    return float(np.mean([r["tokens"] for r in rounds]))
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.8, 0.9])
+def test_tokens_a_round_follow_the_closed_form(alpha):
+    k = 4
+    want = (1 - alpha ** (k + 1)) / (1 - alpha)
+    got = tokens_a_round(condition(acceptance=alpha, devices=8, answer=2000))
+    assert got == pytest.approx(want, rel=0.03), (got, want)
+
+
+def test_tokens_a_round_fail_with_acceptance_ignored(monkeypatch):
+    """Mechanism removed (every draft accepted): the closed form no longer holds."""
+    monkeypatch.setattr(Twin, "_accepted", lambda self, k: k)
+    got = tokens_a_round(condition(acceptance=0.8, devices=8, answer=2000))
+    assert got != pytest.approx((1 - 0.8**5) / 0.2, rel=0.03)
+
+
+def centralized_rate(tc: TwinCondition, step_s: float, monkeypatch) -> float:
+    monkeypatch.setattr(twin_sled, "step_seconds", lambda hw, model, batch: step_s)
+    records = Twin(tc).run()
+    tokens = sum(r["tokens"] for r in records.requests)
+    span = max(r["t_end"] for r in records.requests) - min(r["t_start"] for r in records.requests)
+    return tokens / span
+
+
+def test_centralized_throughput_is_batch_over_step_time(monkeypatch):
+    """A fixed 20 ms step: 16 sequences batched make 16 / 0.02 = 800 tok/s (less the prefill
+    step and the link), one at a time 1 / 0.02 = 50."""
+    tc = condition("centralized", devices=16, answer=2000, rtt_s=0.0)
+    assert centralized_rate(tc, 0.02, monkeypatch) == pytest.approx(800, rel=0.01)
+    one = dataclasses.replace(tc, max_batch=1, devices=tc.devices[:4])
+    assert centralized_rate(one, 0.02, monkeypatch) == pytest.approx(50, rel=0.01)
+
+
+def test_centralized_throughput_fails_without_batching(monkeypatch):
+    """Mechanism removed (the server takes one sequence per step): not 800 tok/s."""
+    tc = condition("centralized", devices=16, answer=2000, rtt_s=0.0, max_batch=1)
+    assert centralized_rate(tc, 0.02, monkeypatch) != pytest.approx(800, rel=0.01)
+
+
+def failed_share(tc: TwinCondition) -> float:
+    """Of the rounds that sent a verification (one attempt: retries 0), the share lost."""
+    rounds = [r for r in Twin(tc, 3).run().rounds if r["attempts"] >= 1]
+    return float(np.mean([r["mode"] == "fallback" for r in rounds]))
+
+
+def test_a_round_is_lost_only_when_both_copies_are():
+    """Two copies each way, each lost at 30 %: a round fails with 1 - (1 - 0.3^2)^2."""
+    p = 0.3
+    tc = condition(devices=8, answer=1500, loss_up=p, loss_down=p, copies=2, retries=0)
+    assert failed_share(tc) == pytest.approx(1 - (1 - p**2) ** 2, abs=0.02)
+    one = dataclasses.replace(tc, copies=1)  # mechanism removed: one copy each way
+    assert failed_share(one) == pytest.approx(1 - (1 - p) ** 2, abs=0.03)
+    assert abs(failed_share(one) - (1 - (1 - p**2) ** 2)) > 0.2
+
+
+def test_simulate_writes_a_run_the_report_reads_marked_simulated(tmp_path):
+    result = CliRunner().invoke(app, ["simulate", SEED, "--out", str(tmp_path),
+                                      "--acceptance", "0.83"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (run,) = tmp_path.iterdir()
+    data = load_run(run)
+    assert data.manifest["simulated"] is True and len(data.done) == 8
+    rates = dict(zip(data.conditions["label"], data.conditions["system_verified_tok_s"]))
+    sled = [v for k, v in rates.items() if "mode=sled" in k]
+    central = [v for k, v in rates.items() if "mode=centralized, sled.max_batch=16" in k]
+    assert all(v > 0 for v in sled) and min(central) > max(sled)  # batching wins at 16 Pi 5s
+    assert "**simulated** by the twin" in summary_markdown(data, [])
+    assert set(data.conditions["backend"]) == {"twin"}
+
+
+def test_bad_input_to_the_twin_names_file_and_key(tmp_path):
+    (cond, *_) = expand(load_playbook(Path(SEED)), SEED)
+    with pytest.raises(BadInputError, match=r"seed-sled-vs-centralized\.yaml.*--devices: 200000"):
+        twin_condition(cond, SEED, 0.8, devices=200_000)
+    bad = tmp_path / "hw.yaml"
+    text = Path(SEED).read_text().replace("draft_as: llama-3.2-1b@q4_0", "draft_as: llama-9@q4_0")
+    bad.write_text(text)
+    result = CliRunner().invoke(app, ["simulate", str(bad), "--acceptance", "0.8"])
+    assert result.exit_code == 2 and "hw.yaml" in result.output and "draft_as" in result.output
