@@ -70,6 +70,8 @@ COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("bench drafting", bench.drafting),
     ("bench lab-paths", bench.lab_paths),
     ("bench dilation", bench.dilation),
+    ("bench twin", bench.twin),
+    ("bench twin-scale", bench.twin_scale),
     ("bench balance", balance.bench_balance),
     ("bench balance-sim", balance.bench_balance_sim),
     ("bench balance-check", balance.bench_balance_check),

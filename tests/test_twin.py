@@ -34,7 +34,8 @@ def condition(mode: str = "sled", devices: int = 4, answer: int = 400, **kw) -> 
         draft=cat.model("llama-3.2-1b@q4_0", "test"), target=cat.model("llama-3.1-8b@bf16", "t"),
         acceptance=0.8, acceptance_source="test", rtt_s=0.085, jitter_s=0.0, loss_up=0.0,
         loss_down=0.0, draft_len=4, draft_policy="fixed", draft_min=3, draft_max=8,
-        target_acceptance=0.75, timeout_s=0.3, retries=3, copies=1, probe_s=0.2, max_batch=16,
+        target_acceptance=0.75, timeout_s=0.3, timeout_policy="fixed",
+        timeout_min_s=0.02, timeout_max_s=1.0, retries=3, copies=1, probe_s=0.2, max_batch=16,
         batch_strategy="arrival", window_s=0.002,
     )  # fmt: skip
     return TwinCondition(**(base | kw))  # type: ignore[arg-type]

@@ -272,3 +272,47 @@ def dilation(
                 f"{m['behind_forwards']:>5}/{m['paced_forwards']:<4}"
                 f"{same:>6}/{len(first[1]):<6}"
             )
+
+
+def twin(
+    runs: list[Path] = typer.Argument(..., help="lab run folders of SLED / centralized playbooks"),
+) -> None:
+    """The twin against the lab: each done condition of the runs simulated with the lab's
+    measured acceptance, figure beside figure with its error."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from testbed.bench.twin import validate_runs, validation_rows, within_goal
+
+    with exit_codes():
+        points = validate_runs(runs)
+    headers, rows = validation_rows(points)
+    table = Table(title="twin against lab (err: twin / lab - 1)")
+    for h in headers:
+        table.add_column(h, justify="left" if h in ("condition", "mode") else "right")
+    for cells in rows:
+        table.add_row(*cells)
+    console = Console(width=200)
+    console.print(table)
+    for name, (ok, n) in within_goal(points).items():
+        console.print(f"{name}: {ok} of {n} points within the goal")
+
+
+def twin_scale(
+    playbook: Path = typer.Argument(
+        Path("experiments/seed-sled-vs-centralized.yaml"),
+        help="playbook (its first SLED and first centralized condition)",
+    ),
+    devices: int = typer.Option(10_000, min=1, help="devices simulated"),
+    acceptance: float = typer.Option(0.8, min=0.0, max=1.0, help="per-token acceptance"),
+) -> None:
+    """The twin at fleet scale: wall time, simulated time, devices per second, peak memory."""
+    from testbed.bench.twin import fleet_scale
+
+    with exit_codes():
+        points = fleet_scale(playbook, devices, acceptance)
+    for p in points:
+        typer.echo(f"{p.mode:12s} {p.devices:>7,} devices: {p.wall_s:6.1f} s wall for "
+                   f"{p.simulated_s:7.1f} s simulated ({p.rounds:,} rounds, "
+                   f"{p.fallback_share:.0%} of tokens unverified), "
+                   f"{p.devices_per_s:,.0f} devices/s, peak {p.peak_mb:,.0f} MB")  # fmt: skip

@@ -63,6 +63,9 @@ class TwinCondition:
     draft_max: int
     target_acceptance: float
     timeout_s: float
+    timeout_policy: str
+    timeout_min_s: float
+    timeout_max_s: float
     retries: int
     copies: int
     probe_s: float
@@ -116,7 +119,7 @@ def twin_condition(
             "acceptance (or a measured one: --acceptance)"
         )
     alpha = acceptance if acceptance is not None else published.per_token  # type: ignore[union-attr]
-    asked = problems_for(pb.workload, [d.name for d in hosts], None, pb.models.target_as)
+    asked = fleet_problems(cond, [d.name for d in hosts])
     s = pb.sled
     twins = tuple(
         TwinDevice(d.name, d.host_class, hardware(d.host_class, f"host {d.name}"),
@@ -133,10 +136,28 @@ def twin_condition(
         loss_up=pb.link.up_loss, loss_down=pb.link.down_loss,
         draft_len=s.draft_len, draft_policy=s.draft_policy, draft_min=s.draft_min,
         draft_max=s.draft_max, target_acceptance=s.target_acceptance,
-        timeout_s=s.timeout_ms / 1e3, retries=s.retries, copies=s.copies,
+        timeout_s=s.timeout_ms / 1e3, timeout_policy=s.timeout_policy,
+        timeout_min_s=s.timeout_min_ms / 1e3, timeout_max_s=s.timeout_max_ms / 1e3,
+        retries=s.retries, copies=s.copies,
         probe_s=s.probe_ms / 1e3, max_batch=s.max_batch, batch_strategy=s.batch_strategy,
         window_s=s.window_ms / 1e3,
     )  # fmt: skip
+
+
+def fleet_problems(cond: Condition, names: list[str]) -> dict[str, list[object]]:
+    """Each device's problems as the lab would ask them; a fleet larger than the workload's
+    data set has distinct ones (halving until they fit), repeated in turn over the rest."""
+    pb, distinct = cond.playbook, len(names)
+    while True:
+        try:
+            base = problems_for(pb.workload, names[:distinct], None, pb.models.target_as)
+            break
+        except (BadInputError, ValueError):
+            if distinct == 1:
+                raise
+            distinct = max(1, distinct // 2)
+    firsts = list(base.values())
+    return {name: firsts[i % distinct] for i, name in enumerate(names)}
 
 
 def request_of(problem: object, max_new: int) -> Request:

@@ -2,8 +2,9 @@
 
 SLED: each device prefills its draft over the prompt, then runs rounds: it drafts k tokens
 at its hardware's decode step times (k fixed, or from the agents' own adaptive controller),
-sends a VERIFY (`copies` copies, each lost with the uplink's loss), and waits `timeout_s`
-per attempt for a verdict, `retries` times more; the verdict accepts n of the k drafts, each
+sends a VERIFY (`copies` copies, each lost with the uplink's loss), and waits per attempt as
+the agents' own retry policy says (fixed, or RFC 6298 from the RTTs) for a verdict,
+`retries` times more; the verdict accepts n of the k drafts, each
 in turn with the per-token acceptance, and adds n + 1 tokens. With every attempt unanswered
 the round keeps its drafts unverified (fallback) and the device goes offline: it drafts on
 alone, probing the server every `probe_s`, and comes back with the first probe answered.
@@ -23,16 +24,24 @@ figure is computed by the same `ConditionStats` as a lab run's.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import functools
+import random
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import simpy
 
-from agents.emulation.stepcost import decode_seconds, prefill_seconds, step_seconds
+from agents.emulation.stepcost import (
+    Hardware,
+    ModelShape,
+    decode_seconds,
+    prefill_seconds,
+    step_seconds,
+)
 from agents.sled.batching import Shape, plan_groups
 from agents.sled.draft_length import DraftLengthController
+from agents.sled.retry import AdaptiveTimeout, FixedTimeout
 from testbed.twin.inputs import TwinCondition, TwinDevice
 
 UNPACED = {"model": "twin", "paced": False, "forwards": 0, "behind": 0, "modelled_s": 0.0,
@@ -41,7 +50,7 @@ UNPACED = {"model": "twin", "paced": False, "forwards": 0, "behind": 0, "modelle
 EPOCH = 1_000_000.0  # records' times start here (a lab's are epoch seconds; none is 0)
 
 
-@dataclass
+@dataclass(eq=False)  # each one itself: compared by identity
 class Ask:
     """One verification (or centralized request) and what became of it."""
 
@@ -62,12 +71,18 @@ class Records:
     hosts: list[dict[str, Any]] = field(default_factory=list)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def decode_s(hw: Hardware, model: ModelShape, context: int) -> float:
+    """One token drafted after `context` (cached: every device of a class asks alike)."""
+    return decode_seconds(hw, model, 1, context)
+
+
 class Twin:
     """One condition's simulation (`run()` returns its records)."""
 
     def __init__(self, tc: TwinCondition, seed: int = 0) -> None:
         self.tc, self.env = tc, simpy.Environment(initial_time=EPOCH)
-        self.rng = np.random.default_rng(seed)
+        self.rng = random.Random(seed)
         self.queue: simpy.Store = simpy.Store(self.env)
         self.records = Records()
 
@@ -79,11 +94,15 @@ class Twin:
 
     def _arrives(self, loss: float) -> bool:
         """Whether at least one of the copies gets through."""
-        return bool((self.rng.random(self.tc.copies) >= loss).any())
+        return loss <= 0 or any(self.rng.random() >= loss for _ in range(self.tc.copies))
+
+    def _after(self, delay: float, then: Callable[[], None]) -> None:
+        """Call `then` `delay` seconds from now (a timeout's callback: no process)."""
+        self.env.timeout(delay).callbacks.append(lambda _event: then())
 
     def _send_up(self, ask: Ask) -> None:
         if self._arrives(self.tc.loss_up):
-            self.env.process(self._after(self._one_way(), lambda: self._receive(ask)))
+            self._after(self._one_way(), lambda: self._receive(ask))
 
     def _receive(self, ask: Ask) -> None:
         ask.received = True
@@ -91,11 +110,7 @@ class Twin:
 
     def _send_down(self, ask: Ask) -> None:
         if self._arrives(self.tc.loss_down):
-            self.env.process(self._after(self._one_way(), lambda: self._answer(ask)))
-
-    def _after(self, delay: float, then: Any) -> Generator:
-        yield self.env.timeout(delay)
-        then()
+            self._after(self._one_way(), lambda: self._answer(ask))
 
     def _answer(self, ask: Ask) -> None:
         if not ask.answer.triggered:
@@ -110,12 +125,13 @@ class Twin:
             yield self.env.timeout(tc.window_s)
             waiting = [first, *self.queue.items]
             self.queue.items.clear()
-            fresh: list[Ask] = []
+            fresh: dict[int, Ask] = {}
             for ask in waiting:
                 if ask.served:  # an attempt again: answered from what it was told
                     self._send_down(ask)
-                elif ask not in fresh:
-                    fresh.append(ask)
+                else:
+                    fresh.setdefault(id(ask), ask)
+            fresh = list(fresh.values())
             groups = plan_groups([a.shape for a in fresh], tc.batch_strategy, tc.max_batch)  # type: ignore[arg-type]
             for group in groups:
                 asks = [fresh[i] for i in group]
@@ -131,6 +147,10 @@ class Twin:
         tc, env = self.tc, self.env
         control = (DraftLengthController(tc.draft_min, tc.draft_max, tc.target_acceptance)
                    if tc.draft_policy == "adaptive" else None)  # fmt: skip
+        retry: AdaptiveTimeout | FixedTimeout = FixedTimeout(tc.timeout_s * 1e3)
+        if tc.timeout_policy == "adaptive":
+            retry = AdaptiveTimeout(tc.timeout_s * 1e3, tc.timeout_min_s * 1e3,
+                                    tc.timeout_max_s * 1e3)  # fmt: skip
         online, t_first = [True], env.now
         for req in dev.requests:
             t0 = env.now
@@ -139,19 +159,23 @@ class Twin:
             while done < req.answer_tokens:
                 k = min(control.current if control else tc.draft_len, req.answer_tokens - done)
                 t_round = env.now
-                draft_s = sum(decode_seconds(dev.hardware, tc.draft, 1, ctx + i) for i in range(k))
+                draft_s = sum(decode_s(dev.hardware, tc.draft, ctx + i) for i in range(k))
                 yield env.timeout(draft_s)
                 got, attempts = False, 0
                 if online[0]:
-                    # the first verification carries the prompt; later ones the last token
-                    new = (req.prompt_tokens if synced == 0 else 1) + k
+                    # it carries what the server has not cached: the prompt first, then the
+                    # last verdict's token, and any tokens kept unverified since
+                    new = ctx - synced + k
                     ask = Ask(dev.name, Shape(synced, new), env.event())
                     while attempts <= tc.retries:
                         attempts += 1
+                        sent = env.now
                         self._send_up(ask)
-                        yield ask.answer | env.timeout(tc.timeout_s)
+                        yield ask.answer | env.timeout(retry.timeout_s())
                         if ask.answer.triggered:
                             got = True
+                            if attempts == 1:  # Karn's rule, as the agents keep it
+                                retry.observe((env.now - sent) * 1e3)
                             break
                     if not got:
                         online[0] = False
@@ -164,7 +188,7 @@ class Twin:
                     accepted = self._accepted(k)
                     tokens = min(accepted + 1, req.answer_tokens - done)
                     verified += tokens
-                    synced = ctx + tokens
+                    synced = ctx + tokens - 1  # all but the bonus / correction token
                     if control:
                         control.observe(accepted, k)
                     row |= {"mode": "verified", "accepted": accepted, "batch": ask.batch,
@@ -181,8 +205,10 @@ class Twin:
 
     def _accepted(self, k: int) -> int:
         """Drafts accepted in turn, each with the per-token acceptance, up to the first miss."""
-        misses = np.flatnonzero(self.rng.random(k) >= self.tc.acceptance)
-        return int(misses[0]) if misses.size else k
+        for i in range(k):
+            if self.rng.random() >= self.tc.acceptance:
+                return i
+        return k
 
     def _probe(self, online: list[bool]) -> Generator:
         """Offline: a probe every probe_s until one is answered (both ways through)."""

@@ -1,0 +1,142 @@
+"""The twin against the lab, and at fleet scale.
+
+`validate_runs`: for every done condition of lab run folders, the twin runs the same
+condition (the run's saved playbook) with the per-token acceptance the lab measured, and each
+figure is set beside the lab's with its error: system verified tok/s, TPOT p50 and p90, TTFT
+p50, fallback share (goal: throughput and TPOT p50 within 5 %, p90 within 10 %).
+
+`fleet_scale`: one condition of a playbook with N devices through the twin: wall seconds,
+simulated seconds, devices per wall second of simulation and the process's peak memory.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from testbed.config.playbook import expand, load_playbook
+from testbed.metrics.condition_stats import ConditionStats
+from testbed.results.store import RunStore
+from testbed.results.tables import typed_table
+from testbed.twin.inputs import twin_condition
+from testbed.twin.sled import Twin
+
+FIGURES = (  # metric, goal (relative error), how it reads
+    ("system_verified_tok_s", 0.05, "verified tok/s"),
+    ("tpot_p50_ms", 0.05, "TPOT p50 ms"),
+    ("tpot_p90_ms", 0.10, "TPOT p90 ms"),
+    ("ttft_p50_ms", None, "TTFT p50 ms"),
+    ("fallback_share", None, "fallback"),
+)
+
+
+def twin_figures(cond, source: str, acceptance: float | None) -> dict[str, float | None]:
+    """The twin's figures of one condition, through the lab's own ConditionStats."""
+    records = Twin(twin_condition(cond, source, acceptance), seed=cond.playbook.seed).run()
+    frames = {n: typed_table(n, pd.DataFrame(rows).assign(condition=cond.id)).to_pandas()
+              for n, rows in vars(records).items()}  # fmt: skip
+    row = ConditionStats.from_frames(frames["rounds"], frames["requests"], frames["hosts"]).as_row()
+    return {m: row.get(m) for m, _, _ in FIGURES}
+
+
+@dataclass(frozen=True)
+class Point:
+    run: str
+    condition: str
+    mode: str
+    devices: int
+    lab: dict[str, float | None]
+    twin: dict[str, float | None]
+
+    def error(self, metric: str) -> float | None:
+        a, b = self.lab.get(metric), self.twin.get(metric)
+        if a is None or b is None or pd.isna(a) or pd.isna(b) or a == 0:
+            return None
+        return (b - a) / a
+
+
+def validate_runs(runs: list[Path]) -> list[Point]:
+    """Every done SLED or centralized condition of the runs, twin beside lab."""
+    points = []
+    for root in runs:
+        store = RunStore(root)
+        pb = load_playbook(store.playbook_path)
+        by_id = {e["condition"]: e for e in store.journal() if e["status"] == "done"}
+        for cond in expand(pb, str(store.playbook_path)):
+            entry = by_id.get(cond.id)
+            if entry is None or cond.playbook.mode not in ("sled", "centralized"):
+                continue
+            lab = entry.get("metrics") or {}
+            alpha = lab.get("acceptance_alpha") if cond.playbook.mode == "sled" else None
+            twin = twin_figures(cond, str(store.playbook_path), alpha or 0.8)
+            points.append(Point(root.name, cond.id, cond.playbook.mode,
+                                int(lab.get("devices") or 0), lab, twin))  # fmt: skip
+    return points
+
+
+def validation_rows(points: list[Point]) -> tuple[list[str], list[list[str]]]:
+    headers = ["condition", "mode", "devices"]
+    for _, _, name in FIGURES:
+        headers += [f"{name} lab", "twin", "err"]
+    rows = []
+    for p in points:
+        cells = [p.condition[:32], p.mode, str(p.devices)]
+        for metric, _, _ in FIGURES:
+            a, b, e = p.lab.get(metric), p.twin.get(metric), p.error(metric)
+            cells += ["-" if a is None else f"{a:.3g}", "-" if b is None else f"{b:.3g}",
+                      "-" if e is None else f"{e:+.0%}"]  # fmt: skip
+        rows.append(cells)
+    return headers, rows
+
+
+def within_goal(points: list[Point]) -> dict[str, tuple[int, int]]:
+    """Per figure with a goal: points within it, points judged."""
+    out = {}
+    for metric, goal, name in FIGURES:
+        if goal is None:
+            continue
+        errors = [e for p in points if (e := p.error(metric)) is not None]
+        out[name] = (sum(abs(e) <= goal for e in errors), len(errors))
+    return out
+
+
+@dataclass(frozen=True)
+class Scale:
+    devices: int
+    mode: str
+    wall_s: float
+    simulated_s: float
+    rounds: int
+    fallback_share: float  # tokens kept unverified, of all
+    peak_mb: float
+
+    @property
+    def devices_per_s(self) -> float:
+        return self.devices / self.wall_s
+
+
+def fleet_scale(playbook: Path, devices: int, acceptance: float) -> list[Scale]:
+    """The playbook's first SLED and first centralized condition with `devices` devices."""
+    pb = load_playbook(playbook)
+    out, seen = [], set()
+    for cond in expand(pb, str(playbook)):
+        if cond.playbook.mode in seen or cond.playbook.mode not in ("sled", "centralized"):
+            continue
+        seen.add(cond.playbook.mode)
+        tc = twin_condition(cond, str(playbook), acceptance, devices)
+        t0 = time.perf_counter()
+        records = Twin(tc, seed=cond.playbook.seed).run()
+        wall = time.perf_counter() - t0
+        span = max(r["t_end"] for r in records.requests) - min(
+            r["t_start"] for r in records.requests
+        )
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        kept = sum(r["fallback_tokens"] for r in records.requests)
+        share = kept / max(1, sum(r["tokens"] for r in records.requests))
+        out.append(Scale(devices, cond.playbook.mode, wall, span, len(records.rounds), share,
+                         peak))  # fmt: skip
+    return out
