@@ -23,6 +23,7 @@ from testbed.metrics.condition_stats import ConditionStats
 from testbed.results.store import RunStore
 from testbed.results.tables import typed_table
 from testbed.twin.inputs import twin_condition
+from testbed.twin.run import twin_seed
 from testbed.twin.sled import Twin
 
 FIGURES = (  # metric, goal (relative error), how it reads
@@ -36,7 +37,7 @@ FIGURES = (  # metric, goal (relative error), how it reads
 
 def twin_figures(cond, source: str, acceptance: float | None) -> dict[str, float | None]:
     """The twin's figures of one condition, through the lab's own ConditionStats."""
-    records = Twin(twin_condition(cond, source, acceptance), seed=cond.playbook.seed).run()
+    records = Twin(twin_condition(cond, source, acceptance), seed=twin_seed(cond)).run()
     frames = {n: typed_table(n, pd.DataFrame(rows).assign(condition=cond.id)).to_pandas()
               for n, rows in vars(records).items()}  # fmt: skip
     row = ConditionStats.from_frames(frames["rounds"], frames["requests"], frames["hosts"]).as_row()
@@ -129,7 +130,7 @@ def fleet_scale(playbook: Path, devices: int, acceptance: float) -> list[Scale]:
         seen.add(cond.playbook.mode)
         tc = twin_condition(cond, str(playbook), acceptance, devices)
         t0 = time.perf_counter()
-        records = Twin(tc, seed=cond.playbook.seed).run()
+        records = Twin(tc, seed=twin_seed(cond)).run()
         wall = time.perf_counter() - t0
         span = max(r["t_end"] for r in records.requests) - min(
             r["t_start"] for r in records.requests

@@ -23,6 +23,9 @@ def simulate(
     devices: int | None = typer.Option(
         None, min=1, help="simulate this many devices (a one-class fleet; past the lab's limit)"
     ),
+    repetitions: int | None = typer.Option(
+        None, min=1, help="run the sweep this many times (workload.repetitions), seeds shifted"
+    ),
     max_conditions: int = typer.Option(
         DEFAULT_MAX_CONDITIONS, help="refuse a sweep with more conditions than this"
     ),
@@ -35,7 +38,7 @@ def simulate(
 
     console = Console()
     with exit_codes():
-        store = run_twin(playbook, out, acceptance, devices, say=console.print,
+        store = run_twin(playbook, out, acceptance, devices, repetitions, say=console.print,
                          max_conditions=max_conditions)  # fmt: skip
     print_summary(condition_frame(store), title=f"run {store.root.name} (simulated by the twin)")
     console.print(f"results: {store.root}")

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed.config.playbook import DEFAULT_MAX_CONDITIONS, expand, load_playbook, planned_ids
+from testbed.config.playbook import (
+    DEFAULT_MAX_CONDITIONS,
+    Condition,
+    expand,
+    load_playbook,
+    planned_ids,
+)
 from testbed.metrics.condition_stats import ConditionStats
 from testbed.results.condition_table import write_condition_table
 from testbed.results.manifest import build_manifest
@@ -27,16 +33,27 @@ from testbed.twin.sled import Twin
 BACKEND = "twin"
 
 
+def twin_seed(cond: Condition) -> int:
+    """The twin's random seed: the run's and the workload's (which repetitions shift)."""
+    pb = cond.playbook
+    return pb.seed * 1_000_003 + pb.workload.seed
+
+
 def simulate(
     playbook: Path,
     out: Path | None = None,
     acceptance: float | None = None,
     devices: int | None = None,
+    repetitions: int | None = None,
     say: Callable[[str], None] = print,
     max_conditions: int = DEFAULT_MAX_CONDITIONS,
 ) -> RunStore:
     """Simulate every condition of the playbook; returns the run folder written."""
     pb, source = load_playbook(playbook), str(playbook)
+    if repetitions:  # each repetition draws other requests and another link and acceptance
+        pb = pb.model_copy(
+            update={"workload": pb.workload.model_copy(update={"repetitions": repetitions})}
+        )
     conditions = expand(pb, source, max_conditions)
     twins = [
         twin_condition(c, source, acceptance, devices) for c in conditions
@@ -49,7 +66,7 @@ def simulate(
     store.playbook_path.write_text(playbook.read_text())
     for cond, tc in zip(conditions, twins):
         t0 = time.time()
-        records = Twin(tc, seed=cond.playbook.seed).run()
+        records = Twin(tc, seed=twin_seed(cond)).run()
         staged = store.staging(cond.id)
         frames = {name: pd.DataFrame(rows).assign(condition=cond.id)
                   for name, rows in vars(records).items()}  # fmt: skip
