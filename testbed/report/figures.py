@@ -152,6 +152,47 @@ def sled_vs_centralized(run: RunData) -> Figure:
     return Chart(key, title, "devices", "system verified tokens/s", series, note=note)
 
 
+def crossover(devices: list[float], sled: list[float], central: list[float]) -> float | None:
+    """The smallest device count from which SLED's verified throughput is at least the
+    centralized server's at every larger count (None: nowhere)."""
+    wins = [s >= c for s, c in zip(sled, central)]
+    for i in range(len(devices)):
+        if all(wins[i:]):
+            return devices[i]
+    return None
+
+
+def where_sled_wins(run: RunData) -> Figure:
+    """SLED against centralized over device count, one pair of curves per other swept
+    setting (RTT, target, ...), the crossover of each named."""
+    key, title = "where_sled_wins", "Where SLED wins: verified throughput over device count"
+    df = _by_devices(run, key, title)
+    if isinstance(df, Skipped):
+        return df
+    if not {"sled", "centralized"} <= set(df["mode"]):
+        return Skipped(key, title, "the run does not sweep both sled and centralized")
+    other = [c for c in df.columns if c.startswith("sweep.")
+             and c not in ("sweep.mode", "sweep.lab.devices", "sweep.repetition")]  # fmt: skip
+    series, notes = [], []
+    for values, part in df.groupby(other) if other else [((), df)]:
+        keyed = zip(other, values if isinstance(values, tuple) else (values,))
+        label = ", ".join(f"{k.removeprefix('sweep.')}={v}" for k, v in keyed)
+        curves = {}
+        for mode, rows in part.groupby("mode"):
+            means = rows.groupby("devices")["system_verified_tok_s"].mean()
+            curves[mode] = means
+            series.append(Series(f"{mode} {label}".strip(), [float(n) for n in means.index],
+                                 [float(v) for v in means.to_numpy()]))  # fmt: skip
+        both = curves["sled"].index.intersection(curves["centralized"].index)
+        at = crossover([float(n) for n in both], list(curves["sled"][both]),
+                       list(curves["centralized"][both]))  # fmt: skip
+        notes.append(f"{label or 'all'}: " + (f"SLED wins from {at:g} devices" if at is not None
+                                               else "centralized wins at every count"))  # fmt: skip
+    simulated = " (simulated by the twin)" if run.manifest.get("simulated") else ""
+    return Chart(key, title + simulated, "devices", "system verified tokens/s", series,
+                 note="; ".join(notes))  # fmt: skip
+
+
 def capacity_vs_devices(run: RunData) -> Figure:
     """The figure capacity is defined on (testbed.metrics.capacity): the slowest device's
     verified rate against the device count; where the run is a probe of `testbed capacity`,
@@ -350,6 +391,7 @@ def all_figures(run: RunData) -> list[Figure]:
         throughput_vs_loss(run),
         accuracy_vs_loss(run),
         sled_vs_centralized(run),
+        where_sled_wins(run),
         capacity_vs_devices(run),
         acceptance_over_time(run),
         acceptance_over_time(run, by_class=True),
