@@ -128,3 +128,11 @@ def test_bad_input_to_the_twin_names_file_and_key(tmp_path):
     bad.write_text(text)
     result = CliRunner().invoke(app, ["simulate", str(bad), "--acceptance", "0.8"])
     assert result.exit_code == 2 and "hw.yaml" in result.output and "draft_as" in result.output
+
+
+def test_the_crossover_is_where_sled_wins_from_then_on():
+    from testbed.report.figures import crossover
+
+    assert crossover([1, 2, 4, 8], [1, 3, 5, 9], [2, 2, 6, 8]) == 8  # wins at 2, loses at 4
+    assert crossover([1, 2, 4], [3, 3, 3], [2, 2, 2]) == 1
+    assert crossover([1, 2], [1, 1], [2, 2]) is None
