@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import require_root_netns
 
 from testbed.labs.clean import leftovers
 from testbed.report.dashboard import write_run_page
@@ -86,8 +87,6 @@ def kill_by_hand(stop: threading.Event, killed: dict[int, float]) -> None:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, tiny_pair):
-    from tests.conftest import require_root_netns
-
     require_root_netns()
     tmp = tmp_path_factory.mktemp("faults")
     playbook = tmp / "faults-live.yaml"

@@ -24,6 +24,7 @@ LAYERS = {
     "report": 6,  # figures, summary, dashboard, compare
     "balance": 6,  # BALANCE on the controller: simulator, exact solver, benchmarks
     "runner": 7,  # the condition pipeline
+    "twin": 7.5,  # the twin of SLED and the centralized server (simulates a playbook)
     "bench": 8,  # benchmarks
     "commands": 9,  # the CLI's commands
     "cli": 10,  # the CLI
