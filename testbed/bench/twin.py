@@ -19,11 +19,9 @@ from pathlib import Path
 import pandas as pd
 
 from testbed.config.playbook import expand, load_playbook
-from testbed.metrics.condition_stats import ConditionStats
 from testbed.results.store import RunStore
-from testbed.results.tables import typed_table
 from testbed.twin.inputs import twin_condition
-from testbed.twin.run import twin_seed
+from testbed.twin.run import simulated_figures, twin_seed
 from testbed.twin.sled import Twin
 
 FIGURES = (  # metric, goal (relative error), how it reads
@@ -37,10 +35,7 @@ FIGURES = (  # metric, goal (relative error), how it reads
 
 def twin_figures(cond, source: str, acceptance: float | None) -> dict[str, float | None]:
     """The twin's figures of one condition, through the lab's own ConditionStats."""
-    records = Twin(twin_condition(cond, source, acceptance), seed=twin_seed(cond)).run()
-    frames = {n: typed_table(n, pd.DataFrame(rows).assign(condition=cond.id)).to_pandas()
-              for n, rows in vars(records).items()}  # fmt: skip
-    row = ConditionStats.from_frames(frames["rounds"], frames["requests"], frames["hosts"]).as_row()
+    row = simulated_figures(cond, twin_condition(cond, source, acceptance))
     return {m: row.get(m) for m, _, _ in FIGURES}
 
 

@@ -176,7 +176,7 @@ class Injector:
         self.hosts.run(slot.host, shlex.join([slot.host.agent_python, "-c", keep,
                                               json.dumps(sorted(done)), source])
                        + f" > {remote_path(again)}")  # fmt: skip
-        return slot.command.replace(shlex.quote(source), shlex.quote(again)).replace(source, again)
+        return slot.command.replace(source, again)  # quoted or not, the path is in it
 
     def _freeze(self, spec: FaultSpec, host: str) -> float:
         slot = self.slots[host]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -24,10 +25,10 @@ from testbed.config.playbook import (
 from testbed.metrics.condition_stats import ConditionStats
 from testbed.results.condition_table import write_condition_table
 from testbed.results.manifest import build_manifest
-from testbed.results.store import RunStore
-from testbed.results.tables import write_typed
+from testbed.results.store import ConditionFolder, RunStore
+from testbed.results.tables import typed_table, write_typed
 from testbed.runner.run import new_run_dir
-from testbed.twin.inputs import twin_condition
+from testbed.twin.inputs import TwinCondition, twin_condition
 from testbed.twin.sled import Twin
 
 BACKEND = "twin"
@@ -37,6 +38,21 @@ def twin_seed(cond: Condition) -> int:
     """The twin's random seed: the run's and the workload's (which repetitions shift)."""
     pb = cond.playbook
     return pb.seed * 1_000_003 + pb.workload.seed
+
+
+def simulated_figures(
+    cond: Condition, tc: TwinCondition, folder: ConditionFolder | None = None
+) -> dict[str, Any]:
+    """The twin's run of one condition, its figures through the lab's own ConditionStats
+    (its rounds, requests and hosts tables written into `folder`, where given)."""
+    records = Twin(tc, seed=twin_seed(cond)).run()
+    typed = {}
+    for name, rows in vars(records).items():
+        frame = pd.DataFrame(rows).assign(condition=cond.id)
+        typed[name] = (write_typed(name, frame, folder) if folder is not None
+                       else typed_table(name, frame).to_pandas())  # fmt: skip
+    return ConditionStats.from_frames(typed["rounds"], typed["requests"], typed["hosts"],
+                                      slo=cond.playbook.workload.slo).as_row()  # fmt: skip
 
 
 def simulate(
@@ -66,14 +82,8 @@ def simulate(
     store.playbook_path.write_text(playbook.read_text())
     for cond, tc in zip(conditions, twins):
         t0 = time.time()
-        records = Twin(tc, seed=twin_seed(cond)).run()
         staged = store.staging(cond.id)
-        frames = {name: pd.DataFrame(rows).assign(condition=cond.id)
-                  for name, rows in vars(records).items()}  # fmt: skip
-        typed = {name: write_typed(name, df, staged) for name, df in frames.items()}
-        stats = ConditionStats.from_frames(typed["rounds"], typed["requests"], typed["hosts"],
-                                           slo=cond.playbook.workload.slo)  # fmt: skip
-        metrics = stats.as_row() | {"acceptance_as": tc.acceptance,
+        metrics = simulated_figures(cond, tc, staged) | {"acceptance_as": tc.acceptance,
                                     "acceptance_as_source": tc.acceptance_source}  # fmt: skip
         link = {"backend": BACKEND, "requested": cond.playbook.link.model_dump(mode="json")}
         entry = {"condition": cond.id, "index": cond.index, "values": cond.values,
