@@ -41,7 +41,7 @@ name: faults-live
 topology: topologies/star.yaml
 lab: {kind: namespaces, devices: 2}
 models: {draft_as: llama-3.2-1b@q4_0, target_as: llama-3.1-8b@bf16}
-workload: {kind: arithmetic, problems_per_device: 5, max_new_tokens: 48}
+workload: {kind: arithmetic, problems_per_device: 8, max_new_tokens: 48}  # work left after restarts
 link: {rtt_ms: 20}
 impairment: {probe_packets: 30}
 condition_timeout_s: 120
