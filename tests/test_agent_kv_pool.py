@@ -92,3 +92,28 @@ def test_idle_sessions_expire_and_free_the_pool(tmp_path, target):
     finally:
         link.close()
         srv.stop()
+
+
+def test_a_filled_pool_refuses_every_session_until_drained(tmp_path, target):
+    """The fault `fill_kv`: ballast as large as the budget, held by no session and never
+    expired; a session in the pool cannot grow, none can open, and all go on once drained."""
+    ids = target.tokenize(PROMPT)
+    srv = ServerThread(target, tmp_path / "server", pool=KvPool(budget=10_000, idle_s=0.3))
+    link = ServerLink(srv.addr, KEY, bind=("127.0.0.1", 0))
+    try:
+        epoch = srv.server.epoch
+        first = ask(link, wire.Verify("d1", 1, "s1", 0, ids, [5, 6], epoch))
+        assert isinstance(first, wire.Verdict)
+        srv.server.pool.fill()
+        grow = ask(link, wire.Verify("d1", 2, "s1", first.length, [], [7], epoch))
+        opening = ask(link, wire.Verify("d2", 1, "s1", 0, ids, [5, 6], epoch))
+        assert isinstance(grow, wire.Error) and grow.code == "kv_pool_full"
+        assert isinstance(opening, wire.Error) and opening.code == "kv_pool_full"
+        time.sleep(0.6)  # past idle_s: sessions may expire, the ballast may not
+        assert srv.server.pool.used >= srv.server.pool.budget
+        srv.server.pool.drain()
+        again = ask(link, wire.Verify("d2", 2, "s1", 0, ids, [5, 6], epoch))
+        assert isinstance(again, wire.Verdict) and srv.server.refusals["kv_pool_full"] == 2
+    finally:
+        link.close()
+        srv.stop()

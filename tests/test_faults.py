@@ -36,6 +36,9 @@ BASE = "name: f\ntopology: topologies/star.yaml\ncondition_timeout_s: 60\n"
         ("[{name: a, at_s: 1, action: kill, signal: BOGUS}]", "signal: 'BOGUS' is not"),
         ("[{name: a, at_s: 1, action: kill, agent: gpu}]", "agent"),
         ("[{name: a, at_s: 1, action: kill, agent: device}]", "give hosts"),
+        ("[{name: a, at_s: 1, action: fill_kv}]", "duration_s: action fill_kv needs"),
+        ("[{name: a, at_s: 1, action: fill_kv, agent: device, hosts: [dev1], duration_s: 1}]",
+         "fill_kv fills the server's KV pool"),
         ("[{name: a, at_s: 1, action: kill}, {name: a, at_s: 2, action: kill}]",
          "names must differ"),
     ],
@@ -56,9 +59,10 @@ def test_good_fault_specs_validate_and_sweep_under_their_names(tmp_path):
         "    - [{name: crash, at_s: 2, action: kill, restart_after_s: 1}]\n"
         "    - [{name: cut, at_s: 2, action: cut, agent: device, share: 0.5, duration_s: 3},\n"
         "       {name: stall, at_s: 8, action: freeze, duration_s: 1}]\n"
+        "    - [{name: full, at_s: 2, action: fill_kv, duration_s: 3}]\n"
     )
     result = CliRunner().invoke(app, ["validate", str(path)])
-    assert result.exit_code == 0 and "3 conditions" in result.output, result.output
+    assert result.exit_code == 0 and "4 conditions" in result.output, result.output
     values = [{"name": "cut"}, {"name": "stall"}]
     assert shown_value(values) == "cut+stall" and shown_value([]) == "none"
     assert condition_id(2, {"faults": values}).startswith("c02-faults=cut_stall-")

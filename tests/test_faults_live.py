@@ -6,15 +6,16 @@ five conditions.
   agent, the host, SIGKILL and the time, in the terminal table, the journal, the faults table,
   `testbed report`, the dashboard and `testbed compare`; `--resume` leaves them be.
 - c02-c04 inject faults from the playbook: the server killed and restarted, dev2's agent killed
-  and restarted (a reboot), the server frozen while dev1's link is cut. They are recorded as
-  asked for, leave the conditions `done`, and every device comes back to verification with
-  its recovery measured; no request is lost or asked twice.
+  and restarted (a reboot), the server frozen while dev1's link is cut, then its KV pool
+  filled. They are recorded as asked for, leave the conditions `done`, and every device comes
+  back to verification with its recovery measured; no request is lost or asked twice.
 
 Needs root (namespaces, an sshd per host, iptables inside them): lab `flt` on 10.93.7.0/24.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -53,7 +54,8 @@ sweep:
     - [{name: dev2-reboot, at_s: 3, action: kill, agent: device, hosts: [dev2],
         restart_after_s: 2}]
     - [{name: server-stall, at_s: 3, action: freeze, agent: server, duration_s: 2},
-       {name: dev1-cut, at_s: 3, action: cut, agent: device, hosts: [dev1], duration_s: 3}]
+       {name: dev1-cut, at_s: 3, action: cut, agent: device, hosts: [dev1], duration_s: 3},
+       {name: server-full, at_s: 6, action: fill_kv, agent: server, duration_s: 1.5}]
 """
 KILLS = {  # condition index -> the agent killed by hand (a pgrep -f pattern)
     0: r"agents\.sled\.server .*runs/c00-",
@@ -163,7 +165,10 @@ def test_injected_faults_are_recorded_and_every_device_comes_back(run):
         assert m["verified_answers_match_target"] is True, m
         assert m["recovery_unverified_tokens"] >= 0
     actions = [f["action"] for e in journal(run)[2:] for f in e["faults"]]
-    assert actions == ["kill", "kill", "freeze", "cut"]
+    assert actions == ["kill", "kill", "freeze", "cut", "fill_kv"]
+    stalled = run["root"] / "conditions" / journal(run)[4]["condition"] / "hosts" / "server"
+    refused = [json.loads(x) for x in (stalled / "refusals.jsonl").read_text().splitlines()]
+    assert any(r["reason"] == "kv_pool_full" and r["count"] > 0 for r in refused), refused
     reboot = journal(run)[3]
     logs = {p.name for p in (run["root"] / "conditions" / reboot["condition"] / "hosts"
                              / "dev2").glob("*.log")}  # fmt: skip

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from testbed.labs.clean import leftovers
+from testbed.metrics.condition_stats import MAX_BEHIND_SHARE
 from testbed.results.store import RunStore
 from testbed.runner.run import execute
 
@@ -42,28 +43,33 @@ def small_dilation_playbook(folder: Path) -> Path:
 
 
 def test_dilation_keeps_the_figures_and_the_tokens(root_netns, tmp_path, tiny_pair):
-    """Dilation 1, 2 and 4 of one condition: verified tok/s in emulated time within 5 % of
-    dilation 1's, every answer's tokens identical, the link read back at its requested 85 ms,
-    and the hosts computing as fast as the hardware they stand for (a forward or two of a few
-    dozen may be behind: this VM's hypervisor stalls both CPUs ten times a second)."""
+    """Dilation 1, 2 and 4 of one condition: every answer's tokens identical, the link read
+    back at its requested 85 ms, each condition marked faithful exactly when its hosts kept
+    up with the hardware they stand for, dilation 2 and 4 keeping up (a forward or two of a
+    few dozen may be behind: this VM's hypervisor stalls both CPUs ten times a second), and
+    verified tok/s in emulated time within 5 % across the dilations that kept up. Dilation 1
+    may fall behind on a loaded two-core machine: then it must say so, not agree."""
     outcome = execute(small_dilation_playbook(tmp_path), out=tmp_path / "r", say=lambda _m: None)
     assert (outcome.done, outcome.failed) == (3, 0)
-    rates, answers = {}, {}
+    rates, answers, kept_up = {}, {}, {}
     for entry in RunStore(outcome.store.root).journal():
         n = entry["values"]["lab.time_dilation"]
         m, link = entry["metrics"], entry["link"]
         assert link["time_dilation"] == n
         assert abs(link["summary"]["rtt_measured_ms"] - 85) <= 1.0, link["summary"]
         assert link["applied"]["rtt_ms"] == 85 * n if n != 1 else "applied" not in link
-        assert m["paced_forwards"] > 0 and m["behind_share"] <= 0.05, m
+        assert m["paced_forwards"] > 0, m
+        assert m["compute_faithful"] == (m["behind_share"] <= MAX_BEHIND_SHARE), m
+        kept_up[n] = m["behind_share"] <= 0.05
         rates[n] = m["system_verified_tok_s"]
         requests = pd.read_parquet(outcome.store.root / "conditions" / entry["condition"] /
                                    "requests.parquet")  # fmt: skip
         answers[n] = {(d, p): list(i) for d, p, i in zip(requests.dev, requests.problem,
                                                           requests.ids)}  # fmt: skip
     assert answers[2] == answers[1] and answers[4] == answers[1]
-    for n in (2, 4):
-        assert abs(rates[n] / rates[1] - 1) <= 0.05, rates
+    assert kept_up[2] and kept_up[4], kept_up
+    for n in [n for n in (1, 2) if kept_up[n]]:
+        assert abs(rates[n] / rates[4] - 1) <= 0.05, rates
     assert leftovers(LAB) == []
 
 

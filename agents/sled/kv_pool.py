@@ -10,7 +10,9 @@ does not fit, the policy decides (`--kv-policy`):
   sessions end or expire; a full queue answers `kv_pool_full`, a wait past the queue's
   timeout `kv_queue_timeout`.
 Sessions already in the pool always fit the tokens they hold, so one device cannot push
-another out.
+another out. A fault can fill the pool (`fill`, the server's SIGUSR1): ballast as large as the
+budget, held by no session and never expired, so no session may open or grow until `drain`
+(SIGUSR2) takes it out.
 """
 
 from __future__ import annotations
@@ -49,10 +51,19 @@ class KvPool:
     idle_s: float = 120.0
     tokens: dict[Hashable, int] = field(default_factory=dict)
     last_used: dict[Hashable, float] = field(default_factory=dict)
+    ballast: int = 0  # tokens held by no session (a fault filling the pool)
 
     @property
     def used(self) -> int:
-        return sum(self.tokens.values())
+        return sum(self.tokens.values()) + self.ballast
+
+    def fill(self) -> None:
+        """Take the whole budget as ballast: nothing opens or grows until `drain`."""
+        self.ballast = self.budget
+
+    def drain(self) -> None:
+        """Take the ballast out again."""
+        self.ballast = 0
 
     def fits(self, key: Hashable, tokens: int) -> bool:
         """Would key holding `tokens` cached tokens stay within the budget?"""

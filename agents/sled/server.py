@@ -5,7 +5,8 @@ requests arriving within it (up to `max_batch`) are grouped by the batch strateg
 (`batching`: arrival order, or best fit by length) and each group is verified in one
 `score_batch` forward of the target; centralized requests (GENERATE) advance between
 batches, one token per step (`centralized`). Sessions share one KV budget (`kv_pool`); a
-VERIFY or GENERATE that does not fit is refused or waits in the pool's queue, by policy.
+VERIFY or GENERATE that does not fit is refused or waits in the pool's queue, by policy;
+SIGUSR1 fills the pool (a fault: nothing opens or grows), SIGUSR2 empties it again.
 Each (device, session) keeps its committed tokens and a tracked KV session; a repeated
 request id is answered from the per-device reply cache without recomputing.
 
@@ -668,6 +669,8 @@ def main(argv: list[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGUSR1, lambda *_: pool.fill())  # a fault: the KV pool full
+        signal.signal(signal.SIGUSR2, lambda *_: pool.drain())
         if args.ready_file:
             args.ready_file.write_text(f"{args.bind[0]}:{sock.getsockname()[1]}\n")
         print(f"verification server on {args.bind[0]}:{args.bind[1]} with {engine.describe()}")

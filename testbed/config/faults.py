@@ -6,12 +6,14 @@
          restart_after_s: 3}
       - {name: server-stall, at_s: 5, action: freeze, agent: server, duration_s: 3}
       - {name: dev-cut, at_s: 5, action: cut, agent: device, share: 0.5, duration_s: 10}
+      - {name: kv-full, at_s: 5, action: fill_kv, duration_s: 5}
 
 `at_s` counts emulated seconds from the devices' start (`lab.time_dilation` stretches it);
 `kill` sends `signal` to the agent's process (and starts it again after `restart_after_s`,
 if given), `freeze` stops it (SIGSTOP) for `duration_s`, `cut` drops every packet between the
-host and the server for `duration_s`. Which faults a condition can take is checked against its
-lab at `testbed validate` (`check_faults`).
+host and the server for `duration_s`, `fill_kv` fills the server's KV pool (no session may
+open or grow: every device is refused `kv_pool_full`) for `duration_s`. Which faults a
+condition can take is checked against its lab at `testbed validate` (`check_faults`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class FaultSpec(Strict):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="how tables and labels name it")
     at_s: float = Field(ge=0, description="emulated seconds from the devices' start")
-    action: Literal["kill", "freeze", "cut"]
+    action: Literal["kill", "freeze", "cut", "fill_kv"]
     agent: Literal["server", "device"] = "server"
     hosts: list[str] | None = Field(None, description="device agents: these devices")
     share: float | None = Field(
@@ -43,7 +45,7 @@ class FaultSpec(Strict):
     restart_after_s: float | None = Field(
         None, ge=0, description="kill: start the agent again this many emulated seconds later"
     )
-    duration_s: float | None = Field(None, gt=0, description="freeze, cut: how long")
+    duration_s: float | None = Field(None, gt=0, description="freeze, cut, fill_kv: how long")
 
     @model_validator(mode="after")
     def _consistent(self) -> FaultSpec:
@@ -53,7 +55,9 @@ class FaultSpec(Strict):
             raise ValueError("agent device: give hosts (device names) or share (of the devices)")
         if self.hosts is not None and self.share is not None:
             raise ValueError("give hosts or share, not both")
-        if self.action in ("freeze", "cut") and self.duration_s is None:
+        if self.action == "fill_kv" and self.agent != "server":
+            raise ValueError("agent: fill_kv fills the server's KV pool (agent: server)")
+        if self.action in ("freeze", "cut", "fill_kv") and self.duration_s is None:
             raise ValueError(f"duration_s: action {self.action} needs how long it lasts")
         if self.action != "kill" and self.restart_after_s is not None:
             raise ValueError("restart_after_s: only a kill restarts its agent")

@@ -250,7 +250,7 @@ class FaultRecord:
     exit_status: int | None = None  # None: no status (its process group was killed, host lost)
     signal: str | None = None  # SIGKILL, ... where the status says a signal ended it
     log_tail: str = ""  # the agent's last log lines
-    action: str | None = None  # injected: kill, freeze, cut
+    action: str | None = None  # injected: kill, freeze, cut, fill_kv
     back_t: float | None = None  # injected: when the agent ran (or the link carried) again
     recovery_s: float | None = None  # back -> every device's next verified round (emulated s)
     unverified_tokens: int | None = None  # tokens the devices kept unverified meanwhile

@@ -54,8 +54,13 @@ def capacity_rows(searches: list[dict[str, Any]]) -> list[list[str]]:
         ratio = s["capacity"] / value if value else None
         gap = ratio is not None and abs(ratio - 1) > PAPER_GAP
         why = paper.get("why") or ("(no reason given)" if gap else "")
+        capacity = found(s["capacity"], probes)
+        if s.get("searched_on") == "twin":
+            capacity += (
+                f" (twin; {'confirmed' if s.get('confirmed') else 'not confirmed'} on the lab)"
+            )
         rows.append([
-            s["search"], str(s["mode"]), f"{s['rate']:g}", found(s["capacity"], probes),
+            s["search"], str(s["mode"]), f"{s['rate']:g}", capacity,
             faithful, shown,
             "-" if value is None else f"{value:g}", "-" if ratio is None else f"{ratio:.2f}", why,
         ])  # fmt: skip

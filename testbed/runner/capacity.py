@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -22,6 +23,56 @@ from testbed.core.loading import validate
 from testbed.metrics.capacity import CapacityResult, capacity_search, probes_faithful
 from testbed.results.store import RunStore
 from testbed.runner.run import execute
+
+
+def capacity_playbook(playbook: Path, mode: str | None = None) -> Playbook:
+    """The playbook a search probes (in `mode`, else its own); it must name one condition."""
+    pb = load_playbook(playbook)
+    if mode is not None:
+        data = pb.model_dump(mode="json")
+        data["mode"] = mode
+        pb = validate(Playbook, data, f"{playbook} (--mode)")
+    conditions = len(expand(pb, str(playbook)))
+    if conditions != 1:
+        raise BadInputError(
+            f"{playbook}: sweep: capacity probes one condition per device count; "
+            f"remove the sweep (it has {conditions} conditions)"
+        )
+    return pb
+
+
+def with_devices(pb: Playbook, devices: int) -> dict[str, Any]:
+    """The playbook's data with `lab.devices` set to a probed count (and named after it)."""
+    data = copy.deepcopy(pb.model_dump(mode="json"))
+    data["name"] = f"{pb.name}-n{devices}"
+    data["lab"]["devices"] = devices
+    return data
+
+
+def lab_probe(pb: Playbook, devices: int, out: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """One probe: a whole run of the playbook at `devices`, under `out`; its figure is the
+    condition's device_verified_tok_s_min (None for a faulted probe)."""
+    path = out / "playbooks" / f"n{devices}.yaml"
+    atomic_write_text(path, yaml.safe_dump(with_devices(pb, devices), sort_keys=False))
+    say(f"capacity probe: {devices} devices")
+    outcome = execute(path, out=out / "runs", say=say)
+    entries = RunStore(outcome.store.root).journal() if outcome.store else []
+    entry = entries[0] if entries else {}
+    metrics = entry.get("metrics") or {}
+    # a faulted probe (an agent stopped early) measured no capacity: it gives no figure
+    faulted = entry.get("status") == "faulted"
+    figure = None if faulted else metrics.get("device_verified_tok_s_min")
+    probe = {
+        "devices": devices, "figure": figure, "status": entry.get("status"),
+        "faithful": metrics.get("compute_faithful", True) is not False,
+        "behind_share": metrics.get("behind_share"),
+        "time_dilation": (entry.get("link") or {}).get("time_dilation"),
+        "run": str(outcome.store.root.relative_to(out)) if outcome.store else None,
+    }  # fmt: skip
+    note = "" if probe["faithful"] else " (unfaithful: forwards behind their hardware)"
+    note += f" (faulted: {entry.get('reason')})" if faulted else ""
+    say(f"capacity probe: {devices} devices -> min verified {figure} tok/s per device{note}")
+    return probe
 
 
 def run_capacity(
@@ -35,47 +86,13 @@ def run_capacity(
 ) -> CapacityResult:
     """Bisect the device count of `playbook` for `rate` (in `mode`, else the playbook's);
     every probe's run lands in `out`."""
-    pb = load_playbook(playbook)
-    if mode is not None:
-        data = pb.model_dump(mode="json")
-        data["mode"] = mode
-        pb = validate(Playbook, data, f"{playbook} (--mode)")
-    conditions = len(expand(pb, str(playbook)))
-    if conditions != 1:
-        raise BadInputError(
-            f"{playbook}: sweep: capacity probes one condition per device count; "
-            f"remove the sweep (it has {conditions} conditions)"
-        )
-    base = pb.model_dump(mode="json")
+    pb = capacity_playbook(playbook, mode)
     out.mkdir(parents=True, exist_ok=True)
-    probes: list[dict[str, object]] = []
+    probes: list[dict[str, Any]] = []
 
     def measure(devices: int) -> float | None:
-        data = copy.deepcopy(base)
-        data["name"] = f"{pb.name}-n{devices}"
-        data["lab"]["devices"] = devices
-        path = out / "playbooks" / f"n{devices}.yaml"
-        atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))
-        say(f"capacity probe: {devices} devices")
-        outcome = execute(path, out=out / "runs", say=say)
-        entries = RunStore(outcome.store.root).journal() if outcome.store else []
-        entry = entries[0] if entries else {}
-        metrics = entry.get("metrics") or {}
-        # a faulted probe (an agent stopped early) measured no capacity: it gives no figure
-        faulted = entry.get("status") == "faulted"
-        figure = None if faulted else metrics.get("device_verified_tok_s_min")
-        probe = {
-            "devices": devices, "figure": figure, "status": entry.get("status"),
-            "faithful": metrics.get("compute_faithful", True) is not False,
-            "behind_share": metrics.get("behind_share"),
-            "time_dilation": (entry.get("link") or {}).get("time_dilation"),
-            "run": str(outcome.store.root.relative_to(out)) if outcome.store else None,
-        }  # fmt: skip
-        probes.append(probe)
-        note = "" if probe["faithful"] else " (unfaithful: forwards behind their hardware)"
-        note += f" (faulted: {entry.get('reason')})" if faulted else ""
-        say(f"capacity probe: {devices} devices -> min verified {figure} tok/s per device{note}")
-        return figure
+        probes.append(lab_probe(pb, devices, out, say))
+        return probes[-1]["figure"]
 
     result = capacity_search(measure, rate, low, high)
     atomic_write_json(

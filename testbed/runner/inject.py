@@ -5,8 +5,10 @@ status a crash would leave) and, with `restart_after_s`, starts the same command
 `<name>-r<n>`: a restarted server is back once it listens again; a restarted device agent
 answers the problems it has not finished (none asked twice, the one in flight again). A freeze
 stops the process (SIGSTOP) and lets it go on (SIGCONT). A cut drops, on both ends' INPUT
-chains, every packet between the host and the server. Each injected fault is recorded in the
-condition's watch (`AgentWatch`) as asked for, with when its agent or link was back.
+chains, every packet between the host and the server. A KV fill has the server's pool filled
+(SIGUSR1: ballast as large as its budget) and emptied again (SIGUSR2). Each injected fault is
+recorded in the condition's watch (`AgentWatch`) as asked for, with when its agent or link
+was back.
 """
 
 from __future__ import annotations
@@ -110,9 +112,9 @@ class Injector:
     def _hit(self, spec: FaultSpec, host: str) -> None:
         t0 = time.time()
         try:
-            back = {"kill": self._kill, "freeze": self._freeze, "cut": self._cut}[spec.action](
-                spec, host
-            )
+            hit = {"kill": self._kill, "freeze": self._freeze, "cut": self._cut,
+                   "fill_kv": self._fill_kv}[spec.action]  # fmt: skip
+            back = hit(spec, host)
         except Exception as exc:  # the fault could not be injected: said, never fatal
             self._record(spec, host, t0, None, f"could not be injected: {exc}")
             return
@@ -185,6 +187,17 @@ class Injector:
         self._signal(slot, "CONT")
         return time.time()
 
+    def _fill_kv(self, spec: FaultSpec, host: str) -> float:
+        """The server's KV pool full for the fault's duration (emptied even if the condition
+        ends first)."""
+        slot = self.slots[host]
+        self._signal(slot, "USR1")
+        try:
+            self._stop.wait(spec.lasts_s() * self.dilation)
+        finally:
+            self._signal(slot, "USR2")
+        return time.time()
+
     def _cut(self, spec: FaultSpec, host: str) -> float:
         """Drop every packet between `host` and the server on both INPUT chains, for the
         fault's duration; the rules are taken out even if the condition ends first."""
@@ -218,7 +231,8 @@ class Injector:
         slot = self.slots.get(host)
         agent = slot.earlier[0].name if slot and slot.earlier else (slot.proc.name if slot else "")
         at = self.watch.condition_s(t)
-        what = {"kill": f"killed by SIG{spec.signal_name}", "freeze": "frozen", "cut": "cut off"}
+        what = {"kill": f"killed by SIG{spec.signal_name}", "freeze": "frozen", "cut": "cut off",
+                "fill_kv": "had its KV pool filled"}  # fmt: skip
         again = "" if back is None else f", back after {(back - t) / self.dilation:.1f} s"
         reason = f"{spec.name}: {agent or 'link'} on {host} {what[spec.action]} at {at:.1f} s"
         reason += again

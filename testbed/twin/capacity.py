@@ -1,0 +1,101 @@
+"""`testbed capacity --twin`: the capacity searched on the twin, then confirmed on the lab.
+
+The bisection probes the twin (each probe one simulated condition at the probed device count,
+its figure the same `device_verified_tok_s_min` a lab probe reads); the count it finds is then
+run on the lab, at it and one device above (`testbed.runner.capacity.lab_probe`). The lab
+confirms the twin when the first keeps the rate and the second does not; otherwise it says
+which way the lab's capacity lies. `capacity.json` keeps the twin's probes (`twin_probes`)
+beside the lab's (`probes`, which the report and dashboard read as any search's); its
+`capacity` is the twin's, with `confirmed` and the lab's `verdict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.config.playbook import Playbook, expand
+from testbed.core.files import atomic_write_json
+from testbed.core.loading import validate
+from testbed.metrics.capacity import CapacityResult, capacity_search, probes_faithful
+from testbed.runner.capacity import capacity_playbook, lab_probe, paper_capacity, with_devices
+from testbed.twin.inputs import twin_condition
+from testbed.twin.run import simulated_figures
+
+
+@dataclass
+class TwinCapacity:
+    """The twin's search and the lab's confirmation of what it found."""
+
+    twin: CapacityResult
+    lab: dict[int, float | None]  # device count -> the lab's figure
+    rate: float
+
+    @property
+    def confirmed(self) -> bool:
+        """The lab keeps the rate at the twin's capacity and not one device above."""
+        n = self.twin.capacity
+        keeps = [self.lab.get(k) is not None and self.lab[k] >= self.rate for k in (n, n + 1)]
+        if n == 0:
+            return not keeps[1]
+        return keeps == [True, False]
+
+    @property
+    def verdict(self) -> str:
+        """The confirmation in words."""
+        n = self.twin.capacity
+        if self.confirmed:
+            return f"the lab confirms {n} devices"
+        kept = {k: f is not None and f >= self.rate for k, f in self.lab.items()}
+        if kept.get(n + 1):
+            return f"the lab keeps the rate at {n + 1}: its capacity is above the twin's {n}"
+        return f"the lab misses the rate at {n}: its capacity is below the twin's {n}"
+
+
+def twin_probe(pb: Playbook, source: str, devices: int, acceptance: float | None) -> dict[str, Any]:
+    """One probe on the twin: the condition at `devices`, simulated."""
+    data = with_devices(pb, devices)
+    (cond,) = expand(validate(Playbook, data, f"{source} (lab.devices {devices})"), source)
+    figures = simulated_figures(cond, twin_condition(cond, source, acceptance))
+    return {"devices": devices, "figure": figures.get("device_verified_tok_s_min"),
+            "status": "simulated", "faithful": True}  # fmt: skip
+
+
+def twin_capacity(
+    playbook: Path,
+    rate: float,
+    out: Path,
+    low: int = 1,
+    high: int = 64,
+    say: Callable[[str], None] = print,
+    mode: str | None = None,
+    acceptance: float | None = None,
+) -> TwinCapacity:
+    """Bisect on the twin, then run the lab at the capacity found and one device above."""
+    pb = capacity_playbook(playbook, mode)
+    out.mkdir(parents=True, exist_ok=True)
+    twin_probes: list[dict[str, Any]] = []
+
+    def on_twin(devices: int) -> float | None:
+        twin_probes.append(twin_probe(pb, str(playbook), devices, acceptance))
+        figure = twin_probes[-1]["figure"]
+        say(f"twin probe: {devices} devices -> min verified {figure} tok/s per device")
+        return figure
+
+    found = capacity_search(on_twin, rate, low, high)
+    confirm = [n for n in (found.capacity, found.capacity + 1) if n >= max(1, low)]
+    say(f"twin: capacity {found.capacity}; confirming on the lab at {confirm} devices")
+    probes = [lab_probe(pb, n, out, say) for n in confirm]
+    result = TwinCapacity(found, {p["devices"]: p["figure"] for p in probes}, rate)
+    atomic_write_json(
+        out / "capacity.json",
+        {"playbook": str(playbook), "rate": rate, "capacity": found.capacity,
+         "searched_on": "twin", "confirmed": result.confirmed,
+         "verdict": result.verdict, "acceptance": acceptance,
+         "measured": result.lab, "figure": "device_verified_tok_s_min", "mode": pb.mode,
+         "paper": paper_capacity(pb), "twin_probes": twin_probes,
+         "faithful": probes_faithful(probes, found.capacity), "probes": probes},
+    )  # fmt: skip
+    return result
