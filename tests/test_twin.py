@@ -136,3 +136,54 @@ def test_the_crossover_is_where_sled_wins_from_then_on():
     assert crossover([1, 2, 4, 8], [1, 3, 5, 9], [2, 2, 6, 8]) == 8  # wins at 2, loses at 4
     assert crossover([1, 2, 4], [3, 3, 3], [2, 2, 2]) == 1
     assert crossover([1, 2], [1, 1], [2, 2]) is None
+
+
+def faked_lab(server_tok_s: float):
+    """A stand-in for the lab's probe runs: `server_tok_s` verified tok/s shared by the
+    devices (the confirmation's verdict is then known beforehand)."""
+    from capacity_stand_in import probe_run
+
+    def run(path, out, say):
+        outcome = probe_run(path, out, say)
+        entry = outcome.store.journal()[0]
+        n = entry["metrics"]["device_verified_tok_s_min"]  # 100 / devices
+        entry["metrics"]["device_verified_tok_s_min"] = server_tok_s * n / 100
+        outcome.store.commit("c00", outcome.store.staging("c00"), entry)
+        return outcome
+
+    return run
+
+
+def test_capacity_on_the_twin_is_confirmed_by_the_lab_at_it_and_one_above(tmp_path, monkeypatch):
+    """`testbed capacity --twin`: the bisection on the twin, then lab probes at the count
+    found and one above; the lab agreeing confirms it, a lab that keeps one more says so."""
+    import json
+
+    from testbed.report.capacity_searches import capacity_rows, capacity_searches
+    from testbed.runner import capacity as lab_capacity
+    from testbed.twin.capacity import twin_capacity, twin_probe
+
+    book = Path("experiments/seed-capacity-pi5.yaml")
+    rate = twin_probe(load_playbook(book), str(book), 4, 0.83)["figure"] * 0.999  # 4 keep it
+    monkeypatch.setattr(lab_capacity, "execute", faked_lab(0.0))  # no real lab run here
+    found = twin_capacity(book, rate, tmp_path / "a", 1, 64, say=lambda _m: None,
+                          acceptance=0.83)  # fmt: skip
+    n = found.twin.capacity
+    assert n >= 4 and all(p["status"] == "simulated" for p in json.loads(
+        (tmp_path / "a" / "capacity.json").read_text())["twin_probes"])  # fmt: skip
+    for server, confirmed, words in (
+        (rate * (n + 0.5), True, f"confirms {n} devices"),
+        (rate * (n + 1.5), False, f"keeps the rate at {n + 1}"),
+    ):
+        monkeypatch.setattr(lab_capacity, "execute", faked_lab(server))
+        out = tmp_path / f"capacity-{confirmed}"
+        result = twin_capacity(book, rate, out, 1, 64, say=lambda _m: None, acceptance=0.83)
+        saved = json.loads((out / "capacity.json").read_text())
+        assert result.twin.capacity == n and sorted(result.lab) == [n, n + 1]
+        assert (saved["confirmed"], saved["searched_on"]) == (confirmed, "twin")
+        assert words in saved["verdict"], saved["verdict"]
+        assert [p["devices"] for p in saved["probes"]] == [n, n + 1]
+    rows = capacity_rows(capacity_searches(tmp_path))
+    shown = {r[0]: r[3] for r in rows}
+    assert shown["capacity-True"] == f"{n} (twin; confirmed on the lab)"
+    assert shown["capacity-False"] == f"{n} (twin; not confirmed on the lab)"

@@ -1,5 +1,6 @@
 """`testbed capacity PLAYBOOK --rate R`: the largest device count at which every device keeps
-R verified tokens/s, by bisection over real runs."""
+R verified tokens/s, by bisection over real runs (or, with `--twin`, over the twin's simulated
+conditions, the count found then confirmed by lab runs at it and one device above)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ def capacity(
     high: int = typer.Option(64, help="largest device count to probe"),
     out: Path | None = typer.Option(None, help="folder for the probes' runs (default results/)"),
     mode: str | None = typer.Option(None, help="override the playbook's mode: sled, centralized"),
+    twin: bool = typer.Option(
+        False, "--twin", help="search on the twin, then confirm on the lab at N and N+1"
+    ),
+    acceptance: float | None = typer.Option(
+        None, help="--twin: per-token acceptance (default: the stood-for pair's)"
+    ),
 ) -> None:
     """Bisect the device count; print each probe's figure and the capacity."""
     import time
@@ -27,19 +34,34 @@ def capacity(
     from testbed.runner.capacity import run_capacity
 
     folder = out or results_dir() / f"capacity-{playbook.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    with exit_codes():
-        result = run_capacity(playbook, rate, folder, low, high, say=typer.echo, mode=mode)
+    if twin:
+        from testbed.twin.capacity import twin_capacity
+
+        with exit_codes():
+            searched = twin_capacity(playbook, rate, folder, low, high, say=typer.echo,
+                                     mode=mode, acceptance=acceptance)  # fmt: skip
+        result = searched.twin
+    else:
+        with exit_codes():
+            result = run_capacity(playbook, rate, folder, low, high, say=typer.echo, mode=mode)
     saved = json.loads((folder / "capacity.json").read_text())
     typer.echo(f"{'devices':>8} {'min verified tok/s per device':>30} {'dilation':>9}")
     for probe in sorted(saved["probes"], key=lambda p: p["devices"]):
         n, figure = probe["devices"], probe["figure"]
         shown = "-" if figure is None else f"{figure:.2f}"
         dilation = "-" if probe["time_dilation"] is None else f"x{probe['time_dilation']:g}"
-        flags = ("  keeps" if result.keeps(n) else "") + (
+        flags = ("  keeps" if figure is not None and figure >= rate else "") + (
             "" if probe["faithful"] else "  unfaithful"
         )
         typer.echo(f"{n:>8} {shown:>30} {dilation:>9}{flags}")
     shown_capacity = found(result.capacity, saved["probes"])
+    if twin:
+        typer.echo(f"{'devices':>8} {'twin: min verified tok/s per device':>36}")
+        for probe in sorted(saved["twin_probes"], key=lambda p: p["devices"]):
+            figure = "-" if probe["figure"] is None else f"{probe['figure']:.2f}"
+            typer.echo(f"{probe['devices']:>8} {figure:>36}")
+        typer.echo(f"twin: capacity at {rate} tok/s: {result.capacity} devices; "
+                   f"{saved['verdict']} (lab probes above)")  # fmt: skip
     typer.echo(f"capacity at {rate} tok/s: {shown_capacity} devices ({folder}/capacity.json)")
     if shown_capacity.startswith("<"):
         typer.echo("the smallest count probed did not keep it: probe lower with --low")
