@@ -187,3 +187,17 @@ def test_capacity_on_the_twin_is_confirmed_by_the_lab_at_it_and_one_above(tmp_pa
     shown = {r[0]: r[3] for r in rows}
     assert shown["capacity-True"] == f"{n} (twin; confirmed on the lab)"
     assert shown["capacity-False"] == f"{n} (twin; not confirmed on the lab)"
+
+
+def test_a_twin_capacity_at_either_end_is_confirmed_by_one_lab_probe():
+    from testbed.metrics.capacity import CapacityResult
+    from testbed.twin.capacity import TwinCapacity, confirming_counts
+
+    assert confirming_counts(5, 1, 8) == [5, 6]
+    assert confirming_counts(0, 2, 8) == [2] and confirming_counts(8, 1, 8) == [8]
+    assert TwinCapacity(CapacityResult(10.0, 8), {8: 11.0}, 10.0).confirmed
+    assert TwinCapacity(CapacityResult(10.0, 0), {2: 9.0}, 10.0).confirmed
+    missed = TwinCapacity(CapacityResult(10.0, 5), {5: 9.0, 6: 8.0}, 10.0)
+    assert not missed.confirmed and "below the twin's 5" in missed.verdict
+    faulted = TwinCapacity(CapacityResult(10.0, 5), {5: None, 6: None}, 10.0)
+    assert not faulted.confirmed  # a probe with no figure confirms nothing

@@ -2,9 +2,10 @@
 
 The bisection probes the twin (each probe one simulated condition at the probed device count,
 its figure the same `device_verified_tok_s_min` a lab probe reads); the count it finds is then
-run on the lab, at it and one device above (`testbed.runner.capacity.lab_probe`). The lab
-confirms the twin when the first keeps the rate and the second does not; otherwise it says
-which way the lab's capacity lies. `capacity.json` keeps the twin's probes (`twin_probes`)
+run on the lab, at it and one device above (`testbed.runner.capacity.lab_probe`; the lowest
+count alone when the twin found none keeping the rate, the highest when all did). The lab
+confirms the twin when it keeps the rate exactly where the twin did; otherwise it says which
+way the lab's capacity lies. `capacity.json` keeps the twin's probes (`twin_probes`)
 beside the lab's (`probes`, which the report and dashboard read as any search's); its
 `capacity` is the twin's, with `confirmed` and the lab's `verdict`.
 """
@@ -25,6 +26,16 @@ from testbed.twin.inputs import twin_condition
 from testbed.twin.run import simulated_figures
 
 
+def confirming_counts(capacity: int, low: int, high: int) -> list[int]:
+    """The lab probes that confirm a capacity the twin found in [low, high]: it and one device
+    above; the lowest count alone when none kept the rate, the highest when all did."""
+    if capacity == 0:
+        return [low]
+    if capacity == high:
+        return [high]
+    return [capacity, capacity + 1]
+
+
 @dataclass
 class TwinCapacity:
     """The twin's search and the lab's confirmation of what it found."""
@@ -33,14 +44,16 @@ class TwinCapacity:
     lab: dict[int, float | None]  # device count -> the lab's figure
     rate: float
 
+    def lab_keeps(self, devices: int) -> bool:
+        figure = self.lab.get(devices)
+        return figure is not None and figure >= self.rate
+
     @property
     def confirmed(self) -> bool:
-        """The lab keeps the rate at the twin's capacity and not one device above."""
+        """The lab keeps the rate at every confirming count the twin kept it at, and misses
+        it at the others."""
         n = self.twin.capacity
-        keeps = [self.lab.get(k) is not None and self.lab[k] >= self.rate for k in (n, n + 1)]
-        if n == 0:
-            return not keeps[1]
-        return keeps == [True, False]
+        return bool(self.lab) and all(self.lab_keeps(k) == (k <= n) for k in self.lab)
 
     @property
     def verdict(self) -> str:
@@ -48,9 +61,9 @@ class TwinCapacity:
         n = self.twin.capacity
         if self.confirmed:
             return f"the lab confirms {n} devices"
-        kept = {k: f is not None and f >= self.rate for k, f in self.lab.items()}
-        if kept.get(n + 1):
-            return f"the lab keeps the rate at {n + 1}: its capacity is above the twin's {n}"
+        above = [k for k in self.lab if k > n and self.lab_keeps(k)]
+        if above:
+            return f"the lab keeps the rate at {max(above)}: its capacity is above the twin's {n}"
         return f"the lab misses the rate at {n}: its capacity is below the twin's {n}"
 
 
@@ -85,7 +98,7 @@ def twin_capacity(
         return figure
 
     found = capacity_search(on_twin, rate, low, high)
-    confirm = [n for n in (found.capacity, found.capacity + 1) if n >= max(1, low)]
+    confirm = confirming_counts(found.capacity, low, high)
     say(f"twin: capacity {found.capacity}; confirming on the lab at {confirm} devices")
     probes = [lab_probe(pb, n, out, say) for n in confirm]
     result = TwinCapacity(found, {p["devices"]: p["figure"] for p in probes}, rate)
