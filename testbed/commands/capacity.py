@@ -55,14 +55,16 @@ def capacity(
         )
         typer.echo(f"{n:>8} {shown:>30} {dilation:>9}{flags}")
     shown_capacity = found(result.capacity, saved["probes"])
+    lab_says = ""
     if twin:
         typer.echo(f"{'devices':>8} {'twin: min verified tok/s per device':>36}")
         for probe in sorted(saved["twin_probes"], key=lambda p: p["devices"]):
             figure = "-" if probe["figure"] is None else f"{probe['figure']:.2f}"
             typer.echo(f"{probe['devices']:>8} {figure:>36}")
-        typer.echo(f"twin: capacity at {rate} tok/s: {result.capacity} devices; "
-                   f"{saved['verdict']} (lab probes above)")  # fmt: skip
-    typer.echo(f"capacity at {rate} tok/s: {shown_capacity} devices ({folder}/capacity.json)")
+        typer.echo(f"twin: {saved['verdict']} (the lab's probes above)")
+        lab_says = f" on the twin, {'' if saved['confirmed'] else 'not '}confirmed on the lab"
+    typer.echo(f"capacity at {rate} tok/s: {shown_capacity} devices{lab_says} "
+               f"({folder}/capacity.json)")  # fmt: skip
     if shown_capacity.startswith("<"):
         typer.echo("the smallest count probed did not keep it: probe lower with --low")
     behind = [p["devices"] for p in saved["probes"] if not p["faithful"]]
