@@ -164,7 +164,8 @@ def test_capacity_on_the_twin_is_confirmed_by_the_lab_at_it_and_one_above(tmp_pa
     from testbed.twin.capacity import twin_capacity, twin_probe
 
     book = Path("experiments/seed-capacity-pi5.yaml")
-    rate = twin_probe(load_playbook(book), str(book), 4, 0.83)["figure"] * 0.999  # 4 keep it
+    (cond,) = expand(load_playbook(book), str(book))
+    rate = twin_probe(cond, str(book), 4, 0.83)["figure"] * 0.999  # 4 devices keep it
     monkeypatch.setattr(lab_capacity, "execute", faked_lab(0.0))  # no real lab run here
     found = twin_capacity(book, rate, tmp_path / "a", 1, 64, say=lambda _m: None,
                           acceptance=0.83)  # fmt: skip

@@ -34,15 +34,13 @@ def capacity(
     from testbed.runner.capacity import run_capacity
 
     folder = out or results_dir() / f"capacity-{playbook.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if twin:
-        from testbed.twin.capacity import twin_capacity
+    with exit_codes():
+        if twin:
+            from testbed.twin.capacity import twin_capacity
 
-        with exit_codes():
-            searched = twin_capacity(playbook, rate, folder, low, high, say=typer.echo,
-                                     mode=mode, acceptance=acceptance)  # fmt: skip
-        result = searched.twin
-    else:
-        with exit_codes():
+            result = twin_capacity(playbook, rate, folder, low, high, say=typer.echo, mode=mode,
+                                   acceptance=acceptance).twin  # fmt: skip
+        else:
             result = run_capacity(playbook, rate, folder, low, high, say=typer.echo, mode=mode)
     saved = json.loads((folder / "capacity.json").read_text())
     typer.echo(f"{'devices':>8} {'min verified tok/s per device':>30} {'dilation':>9}")

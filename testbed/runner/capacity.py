@@ -41,19 +41,14 @@ def capacity_playbook(playbook: Path, mode: str | None = None) -> Playbook:
     return pb
 
 
-def with_devices(pb: Playbook, devices: int) -> dict[str, Any]:
-    """The playbook's data with `lab.devices` set to a probed count (and named after it)."""
-    data = copy.deepcopy(pb.model_dump(mode="json"))
-    data["name"] = f"{pb.name}-n{devices}"
-    data["lab"]["devices"] = devices
-    return data
-
-
 def lab_probe(pb: Playbook, devices: int, out: Path, say: Callable[[str], None]) -> dict[str, Any]:
     """One probe: a whole run of the playbook at `devices`, under `out`; its figure is the
     condition's device_verified_tok_s_min (None for a faulted probe)."""
+    data = copy.deepcopy(pb.model_dump(mode="json"))
+    data["name"] = f"{pb.name}-n{devices}"
+    data["lab"]["devices"] = devices
     path = out / "playbooks" / f"n{devices}.yaml"
-    atomic_write_text(path, yaml.safe_dump(with_devices(pb, devices), sort_keys=False))
+    atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))
     say(f"capacity probe: {devices} devices")
     outcome = execute(path, out=out / "runs", say=say)
     entries = RunStore(outcome.store.root).journal() if outcome.store else []
@@ -95,14 +90,21 @@ def run_capacity(
         return probes[-1]["figure"]
 
     result = capacity_search(measure, rate, low, high)
+    write_search(out, playbook, pb, rate, result.capacity, result.measured, probes)
+    return result
+
+
+def write_search(
+    out: Path, playbook: Path, pb: Playbook, rate: float, capacity: int,
+    measured: dict[int, float | None], probes: list[dict[str, Any]], **extra: Any,
+) -> None:  # fmt: skip
+    """The search's `capacity.json`: the capacity, the lab's probes and `extra` keys."""
     atomic_write_json(
         out / "capacity.json",
-        {"playbook": str(playbook), "rate": rate, "capacity": result.capacity,
-         "measured": result.measured, "figure": "device_verified_tok_s_min",
-         "mode": pb.mode, "paper": paper_capacity(pb),
-         "faithful": probes_faithful(probes, result.capacity), "probes": probes},
+        {"playbook": str(playbook), "rate": rate, "capacity": capacity, "measured": measured,
+         "figure": "device_verified_tok_s_min", "mode": pb.mode, "paper": paper_capacity(pb),
+         "faithful": probes_faithful(probes, capacity), "probes": probes, **extra},
     )  # fmt: skip
-    return result
 
 
 def paper_capacity(pb: Playbook) -> dict[str, object] | None:

@@ -17,11 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.config.playbook import Playbook, expand
-from testbed.core.files import atomic_write_json
-from testbed.core.loading import validate
-from testbed.metrics.capacity import CapacityResult, capacity_search, probes_faithful
-from testbed.runner.capacity import capacity_playbook, lab_probe, paper_capacity, with_devices
+from testbed.config.playbook import Condition, expand
+from testbed.metrics.capacity import CapacityResult, capacity_search
+from testbed.runner.capacity import capacity_playbook, lab_probe, write_search
 from testbed.twin.inputs import twin_condition
 from testbed.twin.run import simulated_figures
 
@@ -67,13 +65,13 @@ class TwinCapacity:
         return f"the lab misses the rate at {n}: its capacity is below the twin's {n}"
 
 
-def twin_probe(pb: Playbook, source: str, devices: int, acceptance: float | None) -> dict[str, Any]:
+def twin_probe(
+    cond: Condition, source: str, devices: int, acceptance: float | None
+) -> dict[str, Any]:
     """One probe on the twin: the condition at `devices`, simulated."""
-    data = with_devices(pb, devices)
-    (cond,) = expand(validate(Playbook, data, f"{source} (lab.devices {devices})"), source)
-    figures = simulated_figures(cond, twin_condition(cond, source, acceptance))
+    figures = simulated_figures(cond, twin_condition(cond, source, acceptance, devices))
     return {"devices": devices, "figure": figures.get("device_verified_tok_s_min"),
-            "status": "simulated", "faithful": True}  # fmt: skip
+            "status": "simulated"}  # fmt: skip
 
 
 def twin_capacity(
@@ -88,11 +86,12 @@ def twin_capacity(
 ) -> TwinCapacity:
     """Bisect on the twin, then run the lab at the capacity found and one device above."""
     pb = capacity_playbook(playbook, mode)
+    (cond,) = expand(pb, str(playbook))
     out.mkdir(parents=True, exist_ok=True)
     twin_probes: list[dict[str, Any]] = []
 
     def on_twin(devices: int) -> float | None:
-        twin_probes.append(twin_probe(pb, str(playbook), devices, acceptance))
+        twin_probes.append(twin_probe(cond, str(playbook), devices, acceptance))
         figure = twin_probes[-1]["figure"]
         say(f"twin probe: {devices} devices -> min verified {figure} tok/s per device")
         return figure
@@ -102,13 +101,7 @@ def twin_capacity(
     say(f"twin: capacity {found.capacity}; confirming on the lab at {confirm} devices")
     probes = [lab_probe(pb, n, out, say) for n in confirm]
     result = TwinCapacity(found, {p["devices"]: p["figure"] for p in probes}, rate)
-    atomic_write_json(
-        out / "capacity.json",
-        {"playbook": str(playbook), "rate": rate, "capacity": found.capacity,
-         "searched_on": "twin", "confirmed": result.confirmed,
-         "verdict": result.verdict, "acceptance": acceptance,
-         "measured": result.lab, "figure": "device_verified_tok_s_min", "mode": pb.mode,
-         "paper": paper_capacity(pb), "twin_probes": twin_probes,
-         "faithful": probes_faithful(probes, found.capacity), "probes": probes},
-    )  # fmt: skip
+    write_search(out, playbook, pb, rate, found.capacity, result.lab, probes,
+                 searched_on="twin", confirmed=result.confirmed, verdict=result.verdict,
+                 acceptance=acceptance, twin_probes=twin_probes)  # fmt: skip
     return result
