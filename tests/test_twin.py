@@ -202,3 +202,28 @@ def test_a_twin_capacity_at_either_end_is_confirmed_by_one_lab_probe():
     assert not missed.confirmed and "below the twin's 5" in missed.verdict
     faulted = TwinCapacity(CapacityResult(10.0, 5), {5: None, 6: None}, 10.0)
     assert not faulted.confirmed  # a probe with no figure confirms nothing
+
+
+def test_an_answer_not_held_ends_where_the_targets_reference_does(tmp_path, tiny_pair):
+    """The tiny arithmetic workload (no stood-for lengths): each request's prompt and answer
+    are the problem's own in the target's tokens, not the playbook's whole answer budget;
+    with no tokenizer at hand the budget is all the twin has."""
+    from tokenizers import Tokenizer
+
+    from agents.workloads.arithmetic import heldout_problems, prompt
+    from testbed.twin.inputs import request_of
+
+    path = tmp_path / "arith.yaml"
+    path.write_text(
+        "name: arith\nmode: sled\ntopology: topologies/star.yaml\nlab: {devices: 1}\n"
+        "models: {draft_as: llama-3.2-1b@q4_0, target_as: llama-3.1-8b@bf16}\n"
+        "workload: {kind: arithmetic, problems_per_device: 3, seed: 11, max_new_tokens: 48}\n"
+    )
+    (cond,) = expand(load_playbook(path))
+    (dev,) = twin_condition(cond, str(path), acceptance=0.8).devices
+    tok = Tokenizer.from_file(str(tiny_pair.target_hf / "tokenizer.json"))
+    problems = heldout_problems(3, seed=11)
+    want = [(len(tok.encode(prompt(p)).ids), len(tok.encode(p.answer).ids)) for p in problems]
+    assert [(r.prompt_tokens, r.answer_tokens) for r in dev.requests] == want
+    assert all(a < 48 for _, a in want)
+    assert request_of(problems[0], 48, None).answer_tokens == 48

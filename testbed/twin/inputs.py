@@ -6,15 +6,27 @@ the step times the lab's pacing keeps), the link from the playbook's `link` prof
 SLED settings from `sled`, the requests' prompt and answer lengths from the same problems the
 lab would ask (`testbed.runner.workload.problems_for`), and the per-token acceptance from the
 stood-for pair's published figure (`workloads.yaml`) unless a measured one is given.
+
+A request held to a stood-for length has that length. One that is not ends where the target's
+answer ends (its EOS): the twin counts the problem's prompt and reference answer in the
+target's own tokens (the playbook's target folder, or the tiny pair's once built), which is
+the length the lab's lossless answers have where the target writes the reference (the tiny
+target on its held-out problems: 16, 14 and 25 tokens, the lab's own, in the validation of
+2026-12-07). With no tokenizer at hand the prompt is its words x 1.3 and the answer the
+playbook's whole `max_new_tokens`, which overstates a short answer's rate.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from agents.emulation.stepcost import Hardware, ModelShape
-from testbed.config.playbook import Condition, playbook_topology
+from agents.workloads.arithmetic import prompt as prompt_of
+from testbed.config.playbook import Condition, Playbook, playbook_topology
 from testbed.core.errors import BadInputError
+from testbed.core.paths import cache_dir
 from testbed.runner.draft_choice import stood_for_acceptance
 from testbed.runner.emulation import hardware_of
 from testbed.runner.workload import problems_for
@@ -120,10 +132,12 @@ def twin_condition(
         )
     alpha = acceptance if acceptance is not None else published.per_token  # type: ignore[union-attr]
     asked = fleet_problems(cond, [d.name for d in hosts])
+    count = token_counter(pb)
     s = pb.sled
     twins = tuple(
         TwinDevice(d.name, d.host_class, hardware(d.host_class, f"host {d.name}"),
-                   tuple(request_of(p, pb.workload.max_new_tokens) for p in asked[d.name]))
+                   tuple(request_of(p, pb.workload.max_new_tokens, count)
+                         for p in asked[d.name]))
         for d in hosts
     )  # fmt: skip
     return TwinCondition(
@@ -160,16 +174,46 @@ def fleet_problems(cond: Condition, names: list[str]) -> dict[str, list[object]]
     return {name: firsts[i % distinct] for i, name in enumerate(names)}
 
 
-def request_of(problem: object, max_new: int) -> Request:
-    """A problem's lengths: its stood-for prompt and answer (held), else its words and the
-    playbook's answer budget."""
+TokenCount = Callable[[str], int]
+
+
+def token_counter(pb: Playbook) -> TokenCount | None:
+    """Tokens of a text in the playbook's target tokenizer, where it is at hand without
+    building anything: the target's folder, or the tiny pair's in the cache; else None."""
+    from testbed.models.tiny import TinyRecipe, recipe_hash
+
+    if pb.models.target == "tiny":
+        path = cache_dir() / "tiny" / recipe_hash(TinyRecipe()) / "target" / "tokenizer.json"
+    else:
+        path = Path(pb.models.target) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    return lambda text: len(tokenizer.encode(text).ids)
+
+
+def request_of(problem: object, max_new: int, count: TokenCount | None = None) -> Request:
+    """A problem's lengths: its stood-for prompt and answer (held); else its prompt and
+    reference answer in the target's tokens (`count`), the answer at most `max_new`; else its
+    words and the whole `max_new`."""
     ids = getattr(problem, "prompt_ids", None)
     held = getattr(problem, "max_new", None)
     length = getattr(problem, "prompt_tokens", None)
+    answer = getattr(problem, "answer", None)
     if ids is not None:
         prompt = len(ids)
     elif length:
         prompt = int(length)
+    elif count is not None:
+        prompt = count(prompt_of(problem))  # type: ignore[arg-type]
     else:
         prompt = round(len(str(getattr(problem, "question", "")).split()) * PROMPT_TOKENS_PER_WORD)
-    return Request(str(problem.id), max(1, prompt), int(held or max_new))
+    if held:
+        new = int(held)
+    elif count is not None and answer:
+        new = max(1, min(max_new, count(str(answer))))
+    else:
+        new = max_new
+    return Request(str(problem.id), max(1, prompt), new)  # type: ignore[attr-defined]
