@@ -227,3 +227,26 @@ def test_an_answer_not_held_ends_where_the_targets_reference_does(tmp_path, tiny
     assert [(r.prompt_tokens, r.answer_tokens) for r in dev.requests] == want
     assert all(a < 48 for _, a in want)
     assert request_of(problems[0], 48, None).answer_tokens == 48
+
+
+def test_look_ahead_drafts_the_next_round_only_when_its_bet_wins():
+    """Every bet wins at acceptance 1: each round after the first starts with the look-ahead
+    drafted after the first look-ahead token, and the rate rises. At acceptance 0 no bet wins,
+    nothing is carried, and reading the verdict after the step in hand only costs time."""
+
+    def rate(tc: TwinCondition) -> float:
+        rounds = verified_rounds(tc)
+        return sum(r["tokens"] for r in rounds) / (rounds[-1]["t_end"] - rounds[0]["t_start"])
+
+    sure = dict(acceptance=1.0, devices=1, answer=400)
+    base, ahead = condition(**sure), condition(**sure, lookahead=4)
+    rounds = verified_rounds(ahead)
+    assert all(r["lookahead_drafted"] >= 1 for r in rounds), rounds[:3]
+    for before, after in zip(rounds, rounds[1:], strict=False):
+        if after["problem"] == before["problem"] and after["tokens"] > 1:
+            assert after["lookahead_used"] == min(before["lookahead_drafted"] - 1, 4), after
+    assert rate(ahead) > 1.03 * rate(base), (rate(ahead), rate(base))  # one step saved of 5
+    never = dict(acceptance=0.0, devices=1, answer=100)
+    lost = verified_rounds(condition(**never, lookahead=4))
+    assert all(r["lookahead_used"] == 0 for r in lost)
+    assert rate(condition(**never, lookahead=4)) <= rate(condition(**never))

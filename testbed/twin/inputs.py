@@ -84,6 +84,7 @@ class TwinCondition:
     max_batch: int
     batch_strategy: str
     window_s: float
+    lookahead: int = 0  # greedy drafts a device makes ahead while a verdict is in flight
 
 
 def twin_condition(
@@ -154,7 +155,7 @@ def twin_condition(
         timeout_min_s=s.timeout_min_ms / 1e3, timeout_max_s=s.timeout_max_ms / 1e3,
         retries=s.retries, copies=s.copies,
         probe_s=s.probe_ms / 1e3, max_batch=s.max_batch, batch_strategy=s.batch_strategy,
-        window_s=s.window_ms / 1e3,
+        window_s=s.window_ms / 1e3, lookahead=s.lookahead,
     )  # fmt: skip
 
 

@@ -8,6 +8,10 @@ the agents' own retry policy says (fixed, or RFC 6298 from the RTTs) for a verdi
 in turn with the per-token acceptance, and adds n + 1 tokens. With every attempt unanswered
 the round keeps its drafts unverified (fallback) and the device goes offline: it drafts on
 alone, probing the server every `probe_s`, and comes back with the first probe answered.
+With `lookahead` a device drafts on, one step at a time, while it waits for a verdict (the
+agents' `LookAhead`): it reads the verdict once the step in hand ends; the drafts made after
+the first are the next round's when every draft was accepted and the target's next token was
+the draft's own (drawn with the per-token acceptance), and all of them after a fallback.
 The server takes what arrived within `window_s` of the first waiting verification, groups it
 as the agents' server does (`agents.sled.batching.plan_groups`, at most `max_batch` each)
 and runs each group as one target forward at the catalogue's step time; a repeated attempt
@@ -156,12 +160,14 @@ class Twin:
             t0 = env.now
             yield env.timeout(prefill_seconds(dev.hardware, tc.draft, req.prompt_tokens))
             ctx, done, verified, kept, n_round, synced = req.prompt_tokens, 0, 0, 0, 0, 0
+            carry = 0  # look-ahead drafts valid for the next round
             while done < req.answer_tokens:
                 k = min(control.current if control else tc.draft_len, req.answer_tokens - done)
                 t_round = env.now
-                draft_s = sum(decode_s(dev.hardware, tc.draft, ctx + i) for i in range(k))
+                used, carry = min(carry, k), 0
+                draft_s = sum(decode_s(dev.hardware, tc.draft, ctx + i) for i in range(used, k))
                 yield env.timeout(draft_s)
-                got, attempts = False, 0
+                got, attempts, t_wait = False, 0, env.now
                 if online[0]:
                     # it carries what the server has not cached: the prompt first, then the
                     # last verdict's token, and any tokens kept unverified since
@@ -180,12 +186,19 @@ class Twin:
                     if not got:
                         online[0] = False
                         env.process(self._probe(online))
+                ahead = 0
+                if tc.lookahead and env.now > t_wait:
+                    ahead, finish_s = self._drafted_ahead(dev, ctx + k, env.now - t_wait)
+                    yield env.timeout(finish_s)  # the verdict is read once the step in hand ends
                 row = {"dev": dev.name, "problem": req.problem, "round": n_round,
                        "t_start": t_round, "drafted": k, "draft_len": k, "attempts": attempts,
-                       "draft_ms": draft_s * 1e3,
-                       **UNPACED}  # fmt: skip
+                       "draft_ms": draft_s * 1e3, "lookahead_used": used,
+                       "lookahead_drafted": ahead, **UNPACED}  # fmt: skip
                 if got:
                     accepted = self._accepted(k)
+                    # the bet: every draft accepted and the target's next token the draft's own
+                    if accepted == k and ahead and self.rng.random() < tc.acceptance:
+                        carry = ahead - 1
                     tokens = min(accepted + 1, req.answer_tokens - done)
                     verified += tokens
                     synced = ctx + tokens - 1  # all but the bonus / correction token
@@ -196,12 +209,26 @@ class Twin:
                 else:
                     tokens = k
                     kept += tokens
+                    carry = ahead  # after a fallback the whole look-ahead extends the answer
                     row |= {"mode": "fallback"}
-                row |= {"t_end": env.now, "tokens": tokens}
+                row |= {"t_end": env.now, "tokens": tokens, "lookahead_kept": carry}
                 self.records.rounds.append(row)
                 ctx, done, n_round = ctx + tokens, done + tokens, n_round + 1
             self.records.requests.append(self._request(dev, req, t0, done, verified, kept, n_round))
         self._host(dev, t_first)
+
+    def _drafted_ahead(self, dev: TwinDevice, ctx: int, waited_s: float) -> tuple[int, float]:
+        """Look-ahead while a verdict was awaited for `waited_s`: the drafts made (one step at
+        a time, at most `lookahead`, the step in hand when the verdict came finished), and
+        how long after the verdict that step ends."""
+        t = 0.0
+        for i in range(self.tc.lookahead):
+            if t >= waited_s:
+                return i, 0.0
+            t += decode_s(dev.hardware, self.tc.draft, ctx + i)
+            if t > waited_s:
+                return i + 1, t - waited_s
+        return self.tc.lookahead, 0.0
 
     def _accepted(self, k: int) -> int:
         """Drafts accepted in turn, each with the per-token acceptance, up to the first miss."""
