@@ -250,3 +250,26 @@ def test_look_ahead_drafts_the_next_round_only_when_its_bet_wins():
     lost = verified_rounds(condition(**never, lookahead=4))
     assert all(r["lookahead_used"] == 0 for r in lost)
     assert rate(condition(**never, lookahead=4)) <= rate(condition(**never))
+
+
+def test_gilbert_elliott_bursts_take_both_copies_together():
+    """Two copies back to back on a bursty link (p 0.1, r 0.25, every packet in the bad state
+    lost): both are lost with b (1 - r), b = p / (p + r), and single losses come in runs of
+    mean length 1 / r. The same mean loss drawn independently loses both copies only b^2."""
+    from testbed.topo.profile import GilbertElliott
+
+    chain = GilbertElliott(p=0.1, r=0.25)
+    b = chain.bad_share
+    n = 40_000
+
+    def both_lost(loss) -> float:
+        twin = Twin(condition(loss_up=loss, copies=2), seed=3)
+        return sum(not twin._arrives("dev0", "up") for _ in range(n)) / n
+
+    assert both_lost(chain) == pytest.approx(b * (1 - 0.25), abs=0.01)
+    assert both_lost(chain.mean_loss) == pytest.approx(b**2, abs=0.01)  # bursts removed
+    one = Twin(condition(loss_up=chain, copies=1), seed=4)
+    lost = [not one._arrives("dev0", "up") for _ in range(n)]
+    runs = [len(r) for r in "".join("x" if x else "." for x in lost).split(".") if r]
+    assert sum(lost) / n == pytest.approx(chain.mean_loss, abs=0.01)
+    assert np.mean(runs) == pytest.approx(chain.mean_burst, rel=0.05)

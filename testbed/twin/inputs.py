@@ -31,6 +31,7 @@ from testbed.runner.draft_choice import stood_for_acceptance
 from testbed.runner.emulation import hardware_of
 from testbed.runner.workload import problems_for
 from testbed.topo.catalogue import load_catalogue
+from testbed.topo.profile import GilbertElliott
 
 MAX_DEVICES = 100_000
 """The most devices one simulated condition takes (`lab.devices`)."""
@@ -67,8 +68,8 @@ class TwinCondition:
     acceptance_source: str
     rtt_s: float
     jitter_s: float
-    loss_up: float
-    loss_down: float
+    loss_up: float | GilbertElliott  # a rate (independent losses) or a Gilbert-Elliott chain
+    loss_down: float | GilbertElliott
     draft_len: int
     draft_policy: str
     draft_min: int
@@ -148,7 +149,7 @@ def twin_condition(
         acceptance_source="measured (--acceptance)" if acceptance is not None
         else f"published: {published.source}",  # type: ignore[union-attr]
         rtt_s=pb.link.rtt_ms / 1e3, jitter_s=pb.link.jitter_ms / 1e3,
-        loss_up=pb.link.up_loss, loss_down=pb.link.down_loss,
+        loss_up=pb.link.loss_model("up"), loss_down=pb.link.loss_model("down"),
         draft_len=s.draft_len, draft_policy=s.draft_policy, draft_min=s.draft_min,
         draft_max=s.draft_max, target_acceptance=s.target_acceptance,
         timeout_s=s.timeout_ms / 1e3, timeout_policy=s.timeout_policy,

@@ -32,7 +32,7 @@ import functools
 import random
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import simpy
 
@@ -46,8 +46,10 @@ from agents.emulation.stepcost import (
 from agents.sled.batching import Shape, plan_groups
 from agents.sled.draft_length import DraftLengthController
 from agents.sled.retry import AdaptiveTimeout, FixedTimeout
+from testbed.topo.profile import GilbertElliott
 from testbed.twin.inputs import TwinCondition, TwinDevice
 
+Direction = Literal["up", "down"]
 UNPACED = {"model": "twin", "paced": False, "forwards": 0, "behind": 0, "modelled_s": 0.0,
            "computed_s": 0.0}  # fmt: skip
 """A simulated round computes nothing: no forward to pace."""
@@ -89,6 +91,9 @@ class Twin:
         self.rng = random.Random(seed)
         self.queue: simpy.Store = simpy.Store(self.env)
         self.records = Records()
+        self.chains = {d: loss if isinstance(loss, GilbertElliott) else GilbertElliott.random(loss)
+                       for d, loss in (("up", tc.loss_up), ("down", tc.loss_down))}  # fmt: skip
+        self.bad: dict[tuple[str, Direction], bool] = {}  # (device, direction): in the bad state
 
     # --- the link --------------------------------------------------------------------------
 
@@ -96,16 +101,27 @@ class Twin:
         jitter = self.rng.uniform(-self.tc.jitter_s, self.tc.jitter_s) if self.tc.jitter_s else 0
         return max(0.0, self.tc.rtt_s / 2 + jitter)
 
-    def _arrives(self, loss: float) -> bool:
-        """Whether at least one of the copies gets through."""
-        return loss <= 0 or any(self.rng.random() >= loss for _ in range(self.tc.copies))
+    def _arrives(self, dev: str, direction: Direction) -> bool:
+        """Whether at least one of the copies gets through `dev`'s link in `direction`: each
+        copy is lost as the link's chain's state says, then the chain steps (netem's gemodel;
+        a loss rate is a chain that never leaves its good state)."""
+        chain = self.chains[direction]
+        if chain.mean_loss <= 0:
+            return True
+        arrived = False
+        for _ in range(self.tc.copies):
+            bad = self.bad.get((dev, direction), False)
+            arrived |= self.rng.random() >= (chain.one_minus_h if bad else chain.one_minus_k)
+            step, key = self.rng.random(), (dev, direction)
+            self.bad[key] = step >= chain.r if bad else step < chain.p
+        return arrived
 
     def _after(self, delay: float, then: Callable[[], None]) -> None:
         """Call `then` `delay` seconds from now (a timeout's callback: no process)."""
         self.env.timeout(delay).callbacks.append(lambda _event: then())
 
     def _send_up(self, ask: Ask) -> None:
-        if self._arrives(self.tc.loss_up):
+        if self._arrives(ask.dev, "up"):
             self._after(self._one_way(), lambda: self._receive(ask))
 
     def _receive(self, ask: Ask) -> None:
@@ -113,7 +129,7 @@ class Twin:
         self.queue.put(ask)
 
     def _send_down(self, ask: Ask) -> None:
-        if self._arrives(self.tc.loss_down):
+        if self._arrives(ask.dev, "down"):
             self._after(self._one_way(), lambda: self._answer(ask))
 
     def _answer(self, ask: Ask) -> None:
@@ -185,7 +201,7 @@ class Twin:
                             break
                     if not got:
                         online[0] = False
-                        env.process(self._probe(online))
+                        env.process(self._probe(dev.name, online))
                 ahead = 0
                 if tc.lookahead and env.now > t_wait:
                     ahead, finish_s = self._drafted_ahead(dev, ctx + k, env.now - t_wait)
@@ -237,10 +253,10 @@ class Twin:
                 return i
         return k
 
-    def _probe(self, online: list[bool]) -> Generator:
+    def _probe(self, dev: str, online: list[bool]) -> Generator:
         """Offline: a probe every probe_s until one is answered (both ways through)."""
         while not online[0]:
-            if self._arrives(self.tc.loss_up) and self._arrives(self.tc.loss_down):
+            if self._arrives(dev, "up") and self._arrives(dev, "down"):
                 yield self.env.timeout(self._one_way() + self._one_way())
                 online[0] = True
                 return
