@@ -128,6 +128,11 @@ def test_bad_input_to_the_twin_names_file_and_key(tmp_path):
     bad.write_text(text)
     result = CliRunner().invoke(app, ["simulate", str(bad), "--acceptance", "0.8"])
     assert result.exit_code == 2 and "hw.yaml" in result.output and "draft_as" in result.output
+    queued = tmp_path / "kv.yaml"
+    queued.write_text(Path(SEED).read_text().replace("sled:\n", "sled:\n  kv_policy: queue\n", 1))
+    (cond, *_) = expand(load_playbook(queued), str(queued))
+    with pytest.raises(BadInputError, match=r"kv\.yaml.*sled\.kv_policy: the twin models refuse"):
+        twin_condition(cond, str(queued), 0.8)
 
 
 def test_the_crossover_is_where_sled_wins_from_then_on():
@@ -273,3 +278,18 @@ def test_gilbert_elliott_bursts_take_both_copies_together():
     runs = [len(r) for r in "".join("x" if x else "." for x in lost).split(".") if r]
     assert sum(lost) / n == pytest.approx(chain.mean_loss, abs=0.01)
     assert np.mean(runs) == pytest.approx(chain.mean_burst, rel=0.05)
+
+
+def test_a_full_kv_pool_refuses_growth_and_the_refused_fall_back():
+    """Room for two sessions of 60 + 100 tokens: with four devices the pool refuses some
+    rounds (`kv_pool_full`), which fall back to the drafts; room for four refuses none."""
+
+    def run(budget: int | None) -> tuple[int, int]:
+        twin = Twin(condition(devices=4, answer=100, kv_budget_tokens=budget), seed=2)
+        records = twin.run()
+        return twin.refusals, sum(r["tokens"] for r in records.rounds if r["mode"] == "fallback")
+
+    refused, fallback = run(2 * 170)
+    assert refused > 0 and fallback > 0, (refused, fallback)
+    assert run(4 * 170) == (0, 0)
+    assert run(None) == (0, 0)

@@ -86,6 +86,8 @@ class TwinCondition:
     batch_strategy: str
     window_s: float
     lookahead: int = 0  # greedy drafts a device makes ahead while a verdict is in flight
+    kv_budget_tokens: int | None = None  # the server's KV pool (None: no limit)
+    idle_s: float = 120.0  # a session idle this long leaves the pool
 
 
 def twin_condition(
@@ -157,6 +159,8 @@ def twin_condition(
         retries=s.retries, copies=s.copies,
         probe_s=s.probe_ms / 1e3, max_batch=s.max_batch, batch_strategy=s.batch_strategy,
         window_s=s.window_ms / 1e3, lookahead=s.lookahead,
+        kv_budget_tokens=kv_budget(pb, where, hardware(topo.server.host_class, "server"), target),
+        idle_s=s.idle_s,
     )  # fmt: skip
 
 
@@ -177,6 +181,24 @@ def fleet_problems(cond: Condition, names: list[str]) -> dict[str, list[object]]
 
 
 TokenCount = Callable[[str], int]
+
+
+def kv_budget(pb: Playbook, where: str, server: Hardware, target: ModelShape) -> int:
+    """The server's KV pool in cached tokens: `sled.kv_cache_tokens`, else what the stood-for
+    server's memory holds beside the stood-for target's weights (the catalogue's figures);
+    BadInputError where the twin cannot take the pool's policy or the weights do not fit."""
+    s = pb.sled
+    if s.kv_policy != "refuse":
+        raise BadInputError(f"{where}: sled.kv_policy: the twin models refuse, not {s.kv_policy}")
+    if s.kv_cache_tokens is not None:
+        return s.kv_cache_tokens
+    free = server.memory_bytes - target.weight_bytes
+    if free <= 0:
+        raise BadInputError(
+            f"{where}: models.target_as: {target.weight_bytes / 1e9:.0f} GB of weights do not fit "
+            f"the server's {server.memory_bytes / 1e9:.0f} GB"
+        )
+    return int(free // target.kv_bytes_per_token)
 
 
 def token_counter(pb: Playbook) -> TokenCount | None:

@@ -68,6 +68,7 @@ class Ask:
     batch: int = 0
     received: bool = False  # the server has it
     generated: simpy.Event | None = None  # centralized: its answer is made
+    refused: bool = False  # the KV pool had no room: `kv_pool_full`
 
 
 @dataclass
@@ -94,6 +95,8 @@ class Twin:
         self.chains = {d: loss if isinstance(loss, GilbertElliott) else GilbertElliott.random(loss)
                        for d, loss in (("up", tc.loss_up), ("down", tc.loss_down))}  # fmt: skip
         self.bad: dict[tuple[str, Direction], bool] = {}  # (device, direction): in the bad state
+        self.kv: dict[str, tuple[int, float]] = {}  # device -> (tokens its session holds, last use)
+        self.refusals = 0
 
     # --- the link --------------------------------------------------------------------------
 
@@ -151,7 +154,7 @@ class Twin:
                     self._send_down(ask)
                 else:
                     fresh.setdefault(id(ask), ask)
-            fresh = list(fresh.values())
+            fresh = [a for a in fresh.values() if self._admitted(a)]
             groups = plan_groups([a.shape for a in fresh], tc.batch_strategy, tc.max_batch)  # type: ignore[arg-type]
             for group in groups:
                 asks = [fresh[i] for i in group]
@@ -160,6 +163,34 @@ class Twin:
                 for a in asks:
                     a.served, a.batch = True, len(asks)
                     self._send_down(a)
+
+    def _admitted(self, ask: Ask) -> bool:
+        """Whether the KV pool takes `ask`'s session at its new length (the agents' refuse
+        policy: sessions idle past `idle_s` leave first; one that still does not fit is
+        answered `kv_pool_full`). A session keeps what it holds: only growth is refused."""
+        budget, now = self.tc.kv_budget_tokens, self.env.now
+        need = ask.shape.past + ask.shape.new
+        if budget is None:
+            return True
+        held = self.kv.get(ask.dev, (0, now))[0]
+        total = sum(t for t, _ in self.kv.values())
+        if total - held + need > budget:
+            for dev, (_, last) in list(self.kv.items()):
+                if dev != ask.dev and now - last > self.tc.idle_s:
+                    del self.kv[dev]
+            total = sum(t for t, _ in self.kv.values())
+        if total - held + need > budget and need > held:
+            self.refusals += 1
+            ask.refused = True
+            self._send_down(ask)
+            return False
+        self.kv[ask.dev] = (need, now)
+        return True
+
+    def _end_session(self, dev: str) -> None:
+        """The device's END after its answer (one datagram: lost, the session waits to expire)."""
+        if self._arrives(dev, "up"):
+            self._after(self._one_way(), lambda: self.kv.pop(dev, None))
 
     # --- a SLED device ---------------------------------------------------------------------
 
@@ -194,6 +225,9 @@ class Twin:
                         sent = env.now
                         self._send_up(ask)
                         yield ask.answer | env.timeout(retry.timeout_s())
+                        if ask.answer.triggered and ask.refused:  # this round falls back
+                            ask.refused = False
+                            break
                         if ask.answer.triggered:
                             got = True
                             if attempts == 1:  # Karn's rule, as the agents keep it
@@ -231,6 +265,7 @@ class Twin:
                 self.records.rounds.append(row)
                 ctx, done, n_round = ctx + tokens, done + tokens, n_round + 1
             self.records.requests.append(self._request(dev, req, t0, done, verified, kept, n_round))
+            self._end_session(dev.name)
         self._host(dev, t_first)
 
     def _drafted_ahead(self, dev: TwinDevice, ctx: int, waited_s: float) -> tuple[int, float]:
