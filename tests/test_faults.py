@@ -5,6 +5,8 @@ recovery figures computed from rounds and requests."""
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 
 import pandas as pd
 import pytest
@@ -12,13 +14,15 @@ from typer.testing import CliRunner
 
 from testbed.cli import app
 from testbed.config.playbook import condition_id, shown_value
+from testbed.core.errors import AgentEnded, LabError, shell_status
+from testbed.core.fanout import fan_out, raise_failures
 from testbed.metrics.clocks import ClockOffset
 from testbed.metrics.recovery import fault_recovery, recovery_figures, request_figures
 from testbed.metrics.schemas import FaultRecord
 from testbed.results.condition_table import condition_frame, flatten
 from testbed.results.marks import status_counts
 from testbed.results.store import RunStore
-from testbed.runner.watch import exit_reason, fault_fields
+from testbed.runner.watch import agents_ended, ended_fault, exit_reason, fault_fields
 
 BASE = "name: f\ntopology: topologies/star.yaml\ncondition_timeout_s: 60\n"
 
@@ -153,3 +157,32 @@ def test_fault_fields_keep_every_fault_in_the_journal():
     fields = fault_fields([fault(), fault(injected=True, action="freeze")])
     assert [f["injected"] for f in fields["faults"]] == [False, True]  # type: ignore[index]
     assert json.loads(json.dumps(fields))["reason"] == "r"
+
+
+def test_an_agent_that_ended_by_itself_is_found_behind_a_fanned_out_failure():
+    """A probe's responder killed on one device's link: the fan-out's GroupError, raised in
+    turn from another error, still names it, and it becomes a fault naming host and signal."""
+    proc = subprocess.Popen(["sleep", "30"])
+    proc.kill()
+    proc.wait()
+    status = shell_status(proc.returncode)
+    assert status == 137
+
+    def probe(dev: str) -> str:
+        if dev == "dev2":
+            raise AgentEnded("responder died", "server", "link-probe-responder", status, "x")
+        return dev
+
+    try:
+        try:
+            raise_failures("probing the links", fan_out(probe, ["dev1", "dev2"], key=str))
+        except Exception as exc:
+            raise LabError("the condition's links") from exc
+    except LabError as outer:
+        (ended,) = agents_ended(outer)
+    fault = ended_fault("c05", ended, started=time.time() - 4.0, dilation=2.0)
+    assert fault.agent == "link-probe-responder" and fault.host == "server"
+    assert fault.signal == "SIGKILL" and fault.exit_status == 137 and not fault.injected
+    assert fault.reason.startswith(
+        "link-probe-responder on server killed by SIGKILL (exit 137) at 2.")  # fmt: skip
+    assert agents_ended(LabError("no agent in it")) == []

@@ -1,5 +1,5 @@
 """Faults on a real namespace lab, through `testbed run` as a user runs it: one SLED sweep of
-five conditions.
+six conditions.
 
 - c00: the verification server is killed by hand (`kill -9`, from outside the testbed) while
   the devices answer; c01: the agent of device dev2 is. Both must be `faulted`, naming the
@@ -9,6 +9,8 @@ five conditions.
   and restarted (a reboot), the server frozen while dev1's link is cut, then its KV pool
   filled. They are recorded as asked for, leave the conditions `done`, and every device comes
   back to verification with its recovery measured; no request is lost or asked twice.
+- c05: the link probe's responder on the server is killed by hand while it echoes: a probe the
+  runner started ended by itself, so c05 is `faulted` (not `failed`), naming it.
 
 Needs root (namespaces, an sshd per host, iptables inside them): lab `flt` on 10.93.7.0/24.
 """
@@ -56,11 +58,14 @@ sweep:
     - [{name: server-stall, at_s: 3, action: freeze, agent: server, duration_s: 2},
        {name: dev1-cut, at_s: 3, action: cut, agent: device, hosts: [dev1], duration_s: 3},
        {name: server-full, at_s: 6, action: fill_kv, agent: server, duration_s: 1.5}]
+    - []
 """
+OURS = rf".*labs/{LAB}/hosts/.*"  # this lab's agents only, never another run's on the machine
 KILLS = {  # condition index -> the agent killed by hand (a pgrep -f pattern)
-    0: r"agents\.sled\.server .*runs/c00-",
-    1: r"agents\.sled\.device --dev dev2 .*runs/c01-",
+    0: rf"agents\.sled\.server {OURS}runs/c00-",
+    1: rf"agents\.sled\.device --dev dev2 {OURS}runs/c01-",
 }
+RESPONDER = rf"agents\.link_probe echo .*--tag tb-{LAB}-probe"  # c05's, once c04's devices ran
 
 
 def env() -> dict[str, str]:
@@ -76,7 +81,7 @@ def kill_by_hand(stop: threading.Event, killed: dict[int, float]) -> None:
     """As a crash would: once condition c0N's devices have answered for 3 s, `kill -9` the
     agent (the Python process, not the runner's wrapper shell)."""
     for index, pattern in KILLS.items():
-        devices = rf"agents\.sled\.device .*runs/c0{index}-"
+        devices = rf"agents\.sled\.device {OURS}runs/c0{index}-"
         while not stop.is_set() and not pids(devices):
             time.sleep(0.1)
         stop.wait(3.0)
@@ -85,6 +90,13 @@ def kill_by_hand(stop: threading.Event, killed: dict[int, float]) -> None:
             if re.search("python", argv[0]):  # the agent, not its wrapper shell
                 os.kill(pid, 9)
                 killed[index] = time.time()
+    while not stop.is_set() and not pids(rf"agents\.sled\.device {OURS}runs/c04-"):
+        time.sleep(0.1)
+    while not stop.is_set() and 5 not in killed:
+        for pid in pids(RESPONDER):
+            os.kill(pid, 9)
+            killed[5] = time.time()
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -112,10 +124,11 @@ def journal(run) -> list[dict]:
 
 def test_killed_agents_make_their_conditions_faulted_everywhere(run):
     cli = run["cli"]
-    assert sorted(run["killed"]) == [0, 1], (run["killed"], cli.stdout[-3000:], cli.stderr)
+    assert sorted(run["killed"]) == [0, 1, 5], (run["killed"], cli.stdout[-3000:], cli.stderr)
     assert cli.returncode == 6, cli.stdout[-3000:]  # a faulted condition: not a clean run
     status = [e["status"] for e in journal(run)]
-    assert status == ["faulted", "faulted", "done", "done", "done"], (status, cli.stdout[-4000:])
+    assert status == ["faulted", "faulted", "done", "done", "done", "faulted"], (
+        status, cli.stdout[-4000:])  # fmt: skip
     named = {0: ("sled-server on server", "SIGKILL"), 1: ("sled-device on dev2", "SIGKILL")}
     for e in journal(run)[:2]:
         (crash,) = [f for f in e["faults"] if not f["injected"]]
@@ -141,20 +154,33 @@ def test_report_and_dashboard_name_the_fault(run):
     assert report.returncode == 0, report.stderr
     text = (root / "report" / "report.md").read_text() if (root / "report").exists() else ""
     text = text or next(root.rglob("report.md")).read_text()
-    assert "3 done, 2 faulted, 0 failed" in text and "sled-device on dev2 killed by SIGKILL" in text
+    assert "3 done, 3 faulted, 0 failed" in text and "sled-device on dev2 killed by SIGKILL" in text
     page = Path(write_run_page(load_run(root))).read_text()
-    assert "2 faulted" in page and "sled-server on server killed by SIGKILL" in page
+    assert "3 faulted" in page and "sled-server on server killed by SIGKILL" in page
 
 
 def test_resume_leaves_faulted_conditions_be(run):
     again = subprocess.run([*TESTBED, "run", "--resume", str(run["root"])], capture_output=True,
                            text=True, cwd=REPO, env=env(), timeout=300)  # fmt: skip
     assert "0 to run" in again.stdout, again.stdout
-    assert len(journal(run)) == 5
+    assert len(journal(run)) == 6
+
+
+def test_a_probe_that_ended_by_itself_makes_its_condition_faulted(run):
+    probed = journal(run)[5]
+    crashes = probed["faults"]  # the responder of one device's probe, or of both (in parallel)
+    assert 1 <= len(crashes) <= 2, crashes
+    for crash in crashes:
+        assert crash["agent"] == "link-probe-responder" and crash["host"] == "server", crash
+        assert crash["signal"] == "SIGKILL" and crash["exit_status"] == 137, crash
+        assert not crash["injected"], crash
+    assert probed["reason"] == "; ".join(c["reason"] for c in crashes), probed
+    assert "link-probe-responder on server killed by SIGKILL (exit 137)" in " ".join(
+        run["cli"].stdout.split())  # fmt: skip
 
 
 def test_injected_faults_are_recorded_and_every_device_comes_back(run):
-    for e in journal(run)[2:]:
+    for e in journal(run)[2:5]:
         m, faults = e["metrics"], e["faults"]
         assert e["status"] == "done" and faults and all(f["injected"] for f in faults), e
         for f in faults:
@@ -164,7 +190,7 @@ def test_injected_faults_are_recorded_and_every_device_comes_back(run):
         assert m["requests_lost"] == 0 and m["requests_duplicated"] == 0, m
         assert m["verified_answers_match_target"] is True, m
         assert m["recovery_unverified_tokens"] >= 0
-    actions = [f["action"] for e in journal(run)[2:] for f in e["faults"]]
+    actions = [f["action"] for e in journal(run)[2:5] for f in e["faults"]]
     assert actions == ["kill", "kill", "freeze", "cut", "fill_kv"]
     stalled = run["root"] / "conditions" / journal(run)[4]["condition"] / "hosts" / "server"
     refused = [json.loads(x) for x in (stalled / "refusals.jsonl").read_text().splitlines()]

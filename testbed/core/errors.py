@@ -50,3 +50,22 @@ class AgentError(TestbedError):
 
 class PrivilegeError(TestbedError):
     exit_code = ExitCode.MISSING_PRIVILEGE
+
+
+class AgentEnded(AgentError):
+    """A process the runner started ended by itself, not with status 0, before the runner
+    stopped it (a reference-answer agent, a link probe's sender or responder): a fault of the
+    condition, not a failure of the testbed. `exit_status` is a shell's (128 + n for signal
+    n; None where there is none); `log_tail`, its last output."""
+
+    def __init__(
+        self, message: str, host: str, agent: str, exit_status: int | None, log_tail: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.host, self.agent, self.exit_status, self.log_tail = host, agent, exit_status, log_tail
+
+
+def shell_status(returncode: int | None) -> int | None:
+    """A subprocess's return code as a shell gives it: 128 + n for a process signal n ended
+    (Python's -n)."""
+    return 128 - returncode if returncode is not None and returncode < 0 else returncode

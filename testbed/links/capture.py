@@ -235,7 +235,7 @@ def capture_link(
         raw = probe_packets(lab, dev, profile, count=count, interval_ms=interval_ms)
     finally:
         sniffer.send_signal(signal.SIGTERM)
-        told = ended_output(sniffer, 60)
+        told, _ = ended_output(sniffer, 60)
     try:
         said = json.loads(told.decode().strip().splitlines()[-1])
         dropped = {str(k): int(v) for k, v in said["dropped"].items()}

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from testbed.core import stats
-from testbed.core.errors import ImpairmentError
+from testbed.core.errors import AgentEnded, ImpairmentError, shell_status
 from testbed.core.fanout import fan_out, raise_failures
 from testbed.labs import naming
 from testbed.labs.backup import backup_site, load_plan
@@ -37,6 +37,7 @@ from testbed.topo.topology import PathKind
 PROBE_MODULE = ["-m", "agents.link_probe"]  # the sender and responder, on a lab host
 BASE_PORT = 47000
 UDP_IP_ETH_BYTES = 8 + 20 + 14  # headers a datagram carries on the wire past its payload
+RESPONDER, SENDER = "link-probe-responder", "link-probe-sender"  # the agents, as faults name them
 PROBE_RT_PRIO = 10  # below the holder's: the probe measures the link, not the CPU queue
 DEFAULT_INTERVAL_MS = 10.0
 
@@ -237,15 +238,25 @@ def probe_argv(lab: LinkSite, host: str) -> list[str]:
     return [lab.agent_python(host), *PROBE_MODULE]
 
 
-def ended_output(proc: subprocess.Popen, timeout_s: float) -> bytes:
+def ended_status(proc: subprocess.Popen, wait_s: float = 2.0) -> int | None:
+    """A process's exit status as a shell gives it, once it has ended (within `wait_s`);
+    None while it runs."""
+    try:
+        return shell_status(proc.wait(timeout=wait_s))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def ended_output(proc: subprocess.Popen, timeout_s: float) -> tuple[bytes, bool]:
     """What a reporting process (told to end) printed: its stdout once it exits, killed if
-    it has not within `timeout_s`."""
+    it has not within `timeout_s`; and whether it ended by itself (not killed here)."""
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
-    return out or b""
+        return out or b"", False
+    return out or b"", True
 
 
 def held_after_kernel_stamp(lab: LinkSite) -> bool:
@@ -382,17 +393,36 @@ def probe_packets(
         assert echo.stdout is not None
         ready, _, _ = select.select([echo.stdout], [], [], 10)
         if not ready or echo.stdout.readline().strip() != b"ready":
-            err = errors.read_text(errors="replace")[-500:].strip()
+            err = errors.read_text(errors="replace")[-2000:].strip()
+            code = ended_status(echo)
+            if code not in (None, 0):  # it ended by itself (killed, crashed) before it was ready
+                raise AgentEnded(
+                    f"probe responder on {lab.server.name} exited with {code} before it was "
+                    f"ready: {err[-500:]}", lab.server.name, RESPONDER, code, err,
+                )  # fmt: skip
             raise ImpairmentError(f"probe responder did not start on {lab.server.name}: {err}")
         budget = send_budget_s(requested, count, interval_ms, size, linger)
         launched = time.time()
-        res = at_device.run(send_argv, netns=device_ns, timeout=budget, error=ImpairmentError)
+        res = at_device.run(send_argv, netns=device_ns, timeout=budget, check=False,
+                            error=ImpairmentError)  # fmt: skip
     finally:
-        errors.unlink(missing_ok=True)
         assert echo.stdin is not None
         echo.stdin.close()  # the responder's end of input (over SSH too): it reports and ends
         echo.stdin = None  # closed: communicate() only reads
-        out = ended_output(echo, 10)
+        out, ended_itself = ended_output(echo, 10)
+        err = errors.read_text(errors="replace")[-2000:].strip()
+        errors.unlink(missing_ok=True)
+    if ended_itself and echo.returncode != 0:  # killed, or crashed: before it was told to end
+        raise AgentEnded(
+            f"probe responder on {lab.server.name} exited with {shell_status(echo.returncode)}:"
+            f" {err[-500:]}", lab.server.name, RESPONDER, shell_status(echo.returncode), err,
+        )  # fmt: skip
+    if not res.ok:
+        raise AgentEnded(
+            f"probe sender on {dev.name} exited with {shell_status(res.returncode)}: "
+            f"{res.stderr.strip()[-500:]}", dev.name, SENDER, shell_status(res.returncode),
+            res.stderr.strip()[-2000:],
+        )  # fmt: skip
     try:
         told = json.loads(out.decode().strip().splitlines()[-1])
         at_server = told["received"]

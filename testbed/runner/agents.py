@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from testbed.config.playbook import Condition, SledSection
-from testbed.core.errors import AgentError
+from testbed.core.errors import AgentEnded, AgentError
 from testbed.hosts.control import HostControl, RemoteProcess
 from testbed.hosts.inventory import InventoryHost
 from testbed.runner.emulation import EMULATION_FILE, ConditionTime, host_emulation
@@ -134,14 +134,17 @@ def wait_for_file(hosts: HostControl, host: InventoryHost, path: str, proc: Remo
     while time.monotonic() < deadline:
         if hosts.run(host, f"test -f {shlex.quote(path)}", check=False).ok:
             return
-        if not hosts.is_alive(proc):
-            raise AgentError(f"{host.name}: {proc.name} exited early:\n{hosts.log_tail(proc)}")
+        if not hosts.is_alive(proc):  # it ended by itself before it was ready: a fault
+            code, tail = hosts.exit_code(proc), hosts.log_tail(proc)
+            raise AgentEnded(f"{host.name}: {proc.name} exited early ({code}):\n{tail}",
+                             host.name, proc.name, code, tail)  # fmt: skip
         time.sleep(0.3)
     raise AgentError(f"{host.name}: {proc.name} not ready after {timeout_s:.0f} s")
 
 
 def wait_for_exit(hosts: HostControl, procs: list[RemoteProcess], timeout_s: float) -> None:
-    """Wait until every process has exited by itself, with exit code 0."""
+    """Wait until every process has exited by itself, with exit code 0 (AgentEnded for one
+    that did not)."""
     deadline = time.monotonic() + timeout_s
     pending = list(procs)
     while pending:
@@ -154,7 +157,9 @@ def wait_for_exit(hosts: HostControl, procs: list[RemoteProcess], timeout_s: flo
     for p in procs:
         code = hosts.exit_code(p)
         if code != 0:
-            raise AgentError(f"{p.host}: {p.name} exited with {code}:\n{hosts.log_tail(p)}")
+            tail = hosts.log_tail(p)
+            raise AgentEnded(f"{p.host}: {p.name} exited with {code}:\n{tail}", p.host, p.name,
+                             code, tail)  # fmt: skip
 
 
 def fetch(hosts: HostControl, host: InventoryHost, remote_dir: str, names: tuple[str, ...],

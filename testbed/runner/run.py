@@ -51,7 +51,7 @@ from testbed.runner.models import resolve_models
 from testbed.runner.modes import condition_runner
 from testbed.runner.pilot import at_dilation, run_dilated
 from testbed.runner.reference import ReferenceBook
-from testbed.runner.watch import fault_fields, unasked
+from testbed.runner.watch import agents_ended, ended_fault, fault_fields, unasked
 from testbed.runner.workload import check_workload
 from testbed.topo.topology import Topology
 
@@ -311,8 +311,16 @@ def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
     except Exception as exc:  # a failed condition is journaled; the sweep goes on
         reason = str(exc) if isinstance(exc, TestbedError) else f"{type(exc).__name__}: {exc}"
         staged.error.write_text(traceback.format_exc())
-        entry = {**base, "status": "failed", "reason": reason, "seconds": time.time() - t0,
-                 "faults": fault_fields(ctx.faults)["faults"]}  # fmt: skip
+        dilation = cond.playbook.lab.time_dilation
+        at = 1.0 if dilation == "auto" else float(dilation)
+        for ended in agents_ended(exc):
+            ctx.faults.append(fault := ended_fault(cond.id, ended, t0, at))
+            ctx.say(f"{cond.id}: FAULT: {fault.reason}")
+        # an agent that ended by itself (a probe, the reference answers) is a fault the
+        # condition names; anything else, a failure of the testbed
+        status = "faulted" if unasked(ctx.faults) else "failed"
+        entry = {**base, "status": status, "reason": reason, "seconds": time.time() - t0,
+                 **fault_fields(ctx.faults)}  # fmt: skip
         link = staged.link
         if link.exists():
             entry["link"] = json.loads(link.read_text())

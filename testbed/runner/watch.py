@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from testbed.core.errors import AgentError
+from testbed.core.errors import AgentEnded, AgentError
 from testbed.hosts.control import HostControl, RemoteProcess, remote_path
 from testbed.metrics.clocks import CONTROLLER, ClockOffset
 from testbed.metrics.schemas import FaultRecord
@@ -177,6 +177,38 @@ class AgentWatch:
         except ValueError:
             return time.time()
         return float(self.clocks.get(proc.host, CONTROLLER).to_controller(t_host))
+
+
+def agents_ended(exc: BaseException) -> list[AgentEnded]:
+    """The agents whose end `exc` reports: itself, the exceptions it was raised from, and
+    each host's failure of a fanned-out step (a link probe on several devices)."""
+    found: list[AgentEnded] = []
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, AgentEnded):
+            found.append(e)
+        todo += [e.__cause__, e.__context__]
+        todo += list(getattr(getattr(e, "result", None), "failed", {}).values())
+    return found
+
+
+def ended_fault(
+    condition: str, ended: AgentEnded, started: float, dilation: float = 1.0
+) -> FaultRecord:
+    """The fault of an agent that ended by itself before the runner asked (seen now:
+    `started`, the condition's start on the controller's clock)."""
+    t = time.time()
+    at = (t - started) / dilation
+    what, sig = exit_reason(ended.exit_status)
+    reason = f"{ended.agent} on {ended.host} {what} at {at:.1f} s"
+    return FaultRecord(condition, ended.host, ended.agent, reason, t, at,
+                       exit_status=ended.exit_status, signal=sig,
+                       log_tail=ended.log_tail)  # fmt: skip
 
 
 def unasked(faults: Iterable[FaultRecord]) -> list[FaultRecord]:
