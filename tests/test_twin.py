@@ -231,6 +231,10 @@ def test_an_answer_not_held_ends_where_the_targets_reference_does(tmp_path, tiny
     want = [(len(tok.encode(prompt(p)).ids), len(tok.encode(p.answer).ids)) for p in problems]
     assert [(r.prompt_tokens, r.answer_tokens) for r in dev.requests] == want
     assert all(a < 48 for _, a in want)
+    ids = [tok.encode(prompt(p)).ids for p in problems]
+    shared = [0] + [next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+                    for a, b in zip(ids[1:], ids, strict=False)]  # fmt: skip
+    assert [r.cached_tokens for r in dev.requests] == shared and shared[1] > 0  # kept KV prefix
     assert request_of(problems[0], 48, None).answer_tokens == 48
 
 

@@ -294,8 +294,9 @@ def twin(
         table.add_row(*cells)
     console = Console(width=200)
     console.print(table)
-    for name, (ok, n) in within_goal(points).items():
-        console.print(f"{name}: {ok} of {n} points within the goal")
+    for name, (ok, spread, n) in within_goal(points).items():
+        console.print(f"{name}: {ok} of {n} points within the goal, {spread} of {n} within one "
+                      "standard deviation of the twin's draws")  # fmt: skip
 
 
 def twin_scale(

@@ -18,6 +18,7 @@ playbook's whole `max_new_tokens`, which overstates a short answer's rate.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ class Request:
     problem: str
     prompt_tokens: int
     answer_tokens: int
+    cached_tokens: int = 0  # of the prompt, already in the draft's KV cache (a shared prefix)
 
 
 @dataclass(frozen=True)
@@ -136,12 +138,11 @@ def twin_condition(
         )
     alpha = acceptance if acceptance is not None else published.per_token  # type: ignore[union-attr]
     asked = fleet_problems(cond, [d.name for d in hosts])
-    count = token_counter(pb)
+    encode = target_encoder(pb)
     s = pb.sled
     twins = tuple(
         TwinDevice(d.name, d.host_class, hardware(d.host_class, f"host {d.name}"),
-                   tuple(request_of(p, pb.workload.max_new_tokens, count)
-                         for p in asked[d.name]))
+                   device_requests(asked[d.name], pb.workload.max_new_tokens, encode))
         for d in hosts
     )  # fmt: skip
     return TwinCondition(
@@ -180,7 +181,7 @@ def fleet_problems(cond: Condition, names: list[str]) -> dict[str, list[object]]
     return {name: firsts[i % distinct] for i, name in enumerate(names)}
 
 
-TokenCount = Callable[[str], int]
+Encode = Callable[[str], list[int]]
 
 
 def kv_budget(pb: Playbook, where: str, server: Hardware, target: ModelShape) -> int:
@@ -201,9 +202,10 @@ def kv_budget(pb: Playbook, where: str, server: Hardware, target: ModelShape) ->
     return int(free // target.kv_bytes_per_token)
 
 
-def token_counter(pb: Playbook) -> TokenCount | None:
-    """Tokens of a text in the playbook's target tokenizer, where it is at hand without
-    building anything: the target's folder, or the tiny pair's in the cache; else None."""
+def target_encoder(pb: Playbook) -> Encode | None:
+    """A text's token ids in the playbook's target tokenizer (the pair's), where it is at hand
+    without building anything: the target's folder, or the tiny pair's in the cache; else
+    None."""
     from testbed.models.tiny import TinyRecipe, recipe_hash
 
     if pb.models.target == "tiny":
@@ -215,29 +217,53 @@ def token_counter(pb: Playbook) -> TokenCount | None:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(path))
-    return lambda text: len(tokenizer.encode(text).ids)
+    return lambda text: list(tokenizer.encode(text).ids)
 
 
-def request_of(problem: object, max_new: int, count: TokenCount | None = None) -> Request:
+def request_of(problem: object, max_new: int, encode: Encode | None = None) -> Request:
     """A problem's lengths: its stood-for prompt and answer (held); else its prompt and
-    reference answer in the target's tokens (`count`), the answer at most `max_new`; else its
+    reference answer in the target's tokens (`encode`), the answer at most `max_new`; else its
     words and the whole `max_new`."""
-    ids = getattr(problem, "prompt_ids", None)
     held = getattr(problem, "max_new", None)
     length = getattr(problem, "prompt_tokens", None)
     answer = getattr(problem, "answer", None)
+    ids = prompt_ids_of(problem, encode)
     if ids is not None:
         prompt = len(ids)
     elif length:
         prompt = int(length)
-    elif count is not None:
-        prompt = count(prompt_of(problem))  # type: ignore[arg-type]
     else:
         prompt = round(len(str(getattr(problem, "question", "")).split()) * PROMPT_TOKENS_PER_WORD)
     if held:
         new = int(held)
-    elif count is not None and answer:
-        new = max(1, min(max_new, count(str(answer))))
+    elif encode is not None and answer:
+        new = max(1, min(max_new, len(encode(str(answer)))))
     else:
         new = max_new
     return Request(str(problem.id), max(1, prompt), new)  # type: ignore[attr-defined]
+
+
+def prompt_ids_of(problem: object, encode: Encode | None) -> list[int] | None:
+    """The prompt's token ids: those the problem carries, else its prompt encoded."""
+    ids = getattr(problem, "prompt_ids", None)
+    if ids is not None:
+        return list(ids)
+    return encode(prompt_of(problem)) if encode is not None else None  # type: ignore[arg-type]
+
+
+def device_requests(
+    problems: list[object], max_new: int, encode: Encode | None
+) -> tuple[Request, ...]:
+    """One device's requests in turn, each prompt's prefix shared with the one before it
+    counted as cached: the device's llama.cpp context keeps the previous session's tokens
+    and decodes only what differs (`agents.engines.llama_cpp`)."""
+    out, before = [], None
+    for p in problems:
+        req, ids = request_of(p, max_new, encode), prompt_ids_of(p, encode)
+        if ids is not None and before is not None:
+            shared = next((i for i, (a, b) in enumerate(zip(ids, before, strict=False)) if a != b),
+                          min(len(ids), len(before)))  # fmt: skip
+            req = dataclasses.replace(req, cached_tokens=min(shared, req.prompt_tokens - 1))
+        out.append(req)
+        before = ids
+    return tuple(out)

@@ -41,11 +41,12 @@ def twin_seed(cond: Condition) -> int:
 
 
 def simulated_figures(
-    cond: Condition, tc: TwinCondition, folder: ConditionFolder | None = None
+    cond: Condition, tc: TwinCondition, folder: ConditionFolder | None = None, draw: int = 0
 ) -> dict[str, Any]:
     """The twin's run of one condition, its figures through the lab's own ConditionStats
-    (its rounds, requests and hosts tables written into `folder`, where given)."""
-    records = Twin(tc, seed=twin_seed(cond)).run()
+    (its rounds, requests and hosts tables written into `folder`, where given); `draw`
+    shifts its seed (another draw of the same condition)."""
+    records = Twin(tc, seed=twin_seed(cond) + draw).run()
     typed = {}
     for name, rows in vars(records).items():
         frame = pd.DataFrame(rows).assign(condition=cond.id)

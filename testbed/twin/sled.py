@@ -205,7 +205,8 @@ class Twin:
         online, t_first = [True], env.now
         for req in dev.requests:
             t0 = env.now
-            yield env.timeout(prefill_seconds(dev.hardware, tc.draft, req.prompt_tokens))
+            fed = req.prompt_tokens - req.cached_tokens  # a prefix shared with the last prompt
+            yield env.timeout(prefill_seconds(dev.hardware, tc.draft, fed))
             ctx, done, verified, kept, n_round, synced = req.prompt_tokens, 0, 0, 0, 0, 0
             carry = 0  # look-ahead drafts valid for the next round
             while done < req.answer_tokens:
