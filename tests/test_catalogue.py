@@ -53,13 +53,25 @@ def test_every_entry_and_model_resolves() -> None:
 
 
 def test_every_calibration_point_is_within_the_goal() -> None:
-    fitted = [r for r in rows(CAT) if r.point.excluded is None]
+    fitted = [r for r in rows(CAT) if r.point.excluded is None and not r.point.held_out]
     assert len(fitted) >= 40
     outside = [(r.hardware, r.point.model, f"{r.error:+.1%}") for r in fitted if not r.within]
     assert outside == []
     assert {r.hardware for r in fitted} >= {
         "pi5", "jetson-orin-nano", "jetson-orin-nano-super", "a100-80gb-x4", "h200", "this-cpu",
     }  # fmt: skip
+
+
+def test_every_held_out_miss_says_why() -> None:
+    from testbed.bench.hardware import in_seed_regime
+
+    held = [r for r in rows(CAT) if r.point.held_out and r.point.excluded is None]
+    assert len(held) >= 30 and {r.point.source for r in held} >= {"splitwise", "llama-cpp-pr5625"}
+    assert all(len(r.point.miss or "") > 40 for r in held if not r.within)
+    # the Splitwise decodes the fit never saw are within the goal on both servers
+    decodes = [r for r in held if r.point.source == "splitwise" and r.point.new == 1]
+    assert len(decodes) == 20 and all(r.within for r in decodes)
+    assert any(in_seed_regime(r.point) and r.point.new > 1 and r.point.batch == 1 for r in held)
 
 
 def test_the_goal_check_can_fail() -> None:
@@ -275,6 +287,43 @@ def test_a_held_out_field_of_the_wrong_type_names_the_file_and_key(tmp_path: Pat
     assert "hardware.pi5.calibration.0.held_out" in message
 
 
+def test_published_files_check_the_formats_bits() -> None:
+    from testbed.bench.hardware import file_checks, files_table
+
+    checks = {(c.format, c.file.model): c for c in file_checks(CAT)}
+    one = checks[("q4_0", "llama-3.2-1b")]
+    assert one.effective == pytest.approx(773e6 * 8 / 1_235_814_400)
+    assert one.bits == CAT.spec.formats["q4_0"].bits == 4.5  # the cost model's, unchanged
+    assert one.error == pytest.approx(4.5 / one.effective - 1) and not one.within
+    assert one.file.miss and "Q6_K" in one.file.miss  # a gap beyond the goal says why
+    assert all(c.within or c.file.miss for c in checks.values())
+    assert abs(checks[("q8_0", "llama-3.1-8b")].error) < 0.01
+    assert "5.004" in files_table(list(checks.values()))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ("bytes: 773000000", "bytes: -773000000", "formats.q4_0.files.0.bytes"),
+        (
+            "- model: llama-3.2-1b\n        bytes",
+            "- model: llama-9b\n        bytes",
+            "formats.q4_0.files.0.model",
+        ),
+        (
+            "source: bartowski-gguf\n        miss",
+            "source: nowhere\n        miss",
+            "formats.q4_0.files.0.source",
+        ),
+        ("bytes: 773000000", "bytes: 773000000\n        size: 1", "formats.q4_0.files.0.size"),
+    ],
+)
+def test_a_bad_published_file_names_the_file_and_key(
+    tmp_path: Path, old: str, new: str, key: str
+) -> None:
+    assert key in bad(copy(tmp_path, old, new))
+
+
 def test_rewrite_replaces_fit_lines_and_this_cpus_measurements(tmp_path: Path) -> None:
     path = copy(tmp_path)
     cat = load_catalogue(path)
@@ -326,7 +375,7 @@ def test_refit_and_write_keeps_a_borrowing_entry_borrowing(tmp_path: Path) -> No
             assert all(
                 abs(r.error) <= GOAL
                 for r in rows(new)
-                if r.hardware == name and not r.point.excluded
+                if r.hardware == name and not r.point.excluded and not r.point.held_out
             ), name
 
 

@@ -35,10 +35,18 @@ from testbed.topo.catalogue import (
     Catalogue,
     CatalogueFile,
     HardwareEntry,
+    PublishedFile,
+    effective_bits,
     load_catalogue,
 )
 
 GOAL = 0.15  # every calibration point within 15 %
+BITS_GOAL = 0.05  # a format's bits within 5 % of its published files' (a third of GOAL: a
+# bandwidth-bound step's time is proportional to the bytes it streams)
+# The shapes the seed regime of the experiments runs (issue 35): decoding and verification
+# forwards (up to VERIFY_TOKENS tokens per sequence) of up to SEED_BATCH sequences, and
+# prefills of up to SEED_PREFILL tokens in one forward.
+SEED_BATCH, VERIFY_TOKENS, SEED_PREFILL = 64, 16, 1024
 LIVE = ("this-cpu", "this-cpu-llamacpp")
 BOUNDS = {
     "bw_efficiency": (0.05, 1.0),
@@ -92,8 +100,16 @@ class Row:
             "source": p.source,
             "excluded": p.excluded,
             "held_out": p.held_out,
+            "seed_regime": in_seed_regime(p),
             "miss": p.miss,
         }
+
+
+def in_seed_regime(point: CalibrationPoint) -> bool:
+    """Whether the point has a shape the seed regime uses (SEED_BATCH and friends)."""
+    if point.new <= VERIFY_TOKENS:
+        return point.batch <= SEED_BATCH
+    return point.batch * point.new <= SEED_PREFILL
 
 
 def row(cat: Catalogue, name: str, point: CalibrationPoint) -> Row:
@@ -210,6 +226,7 @@ class Judged:
     in_sample: list[float]
     loo: list[float]
     held_out: list[float]
+    held_out_seed: list[float] = field(default_factory=list)  # those in the seed regime
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -220,6 +237,8 @@ class Judged:
             "loo_max_error": worst_error(self.loo),
             "held_out_points": len(self.held_out),
             "held_out_max_error": worst_error(self.held_out),
+            "held_out_seed_points": len(self.held_out_seed),
+            "held_out_seed_max_error": worst_error(self.held_out_seed),
         }
 
 
@@ -234,9 +253,9 @@ def judge(cat: Catalogue, all_rows: list[Row], progress: Progress) -> list[Judge
         used = [r.error for r in mine if fits(r.point)]
         progress(f"leave-one-out: {name}")
         held = [r.error for r in mine if r.point.held_out]
-        out.append(
-            Judged(name, len(used), len(free_values(entry)), used, leave_one_out(cat, name), held)
-        )
+        seed = [r.error for r in mine if r.point.held_out and in_seed_regime(r.point)]
+        loo = leave_one_out(cat, name)
+        out.append(Judged(name, len(used), len(free_values(entry)), used, loo, held, seed))
     return out
 
 
@@ -248,20 +267,93 @@ def _pct(errors: list[float]) -> str:
 def judged_table(judged: list[Judged]) -> str:
     head = (
         f"{'hardware':<22} {'points':>6} {'fitted':>6} {'in-sample':>9} {'LOO':>7} "
-        f"{'held out':>8} {'(n)':>4}"
+        f"{'held out':>8} {'(n)':>4} {'in seed':>8} {'(n)':>4}"
     )
     lines = [head]
     for j in judged:
         lines.append(
             f"{j.hardware:<22} {j.points:>6} {j.fitted:>6} {_pct(j.in_sample):>9} "
-            f"{_pct(j.loo):>7} {_pct(j.held_out):>8} {len(j.held_out):>4}"
+            f"{_pct(j.loo):>7} {_pct(j.held_out):>8} {len(j.held_out):>4} "
+            f"{_pct(j.held_out_seed):>8} {len(j.held_out_seed):>4}"
         )
     return "\n".join(lines)
+
+
+def held_out_summary(all_rows: list[Row]) -> str:
+    """One line: the held-out points in the seed regime within the goal, and the rest."""
+    held = [r for r in all_rows if r.point.held_out and r.point.excluded is None]
+    seed = [r for r in held if in_seed_regime(r.point)]
+    inside = sum(r.within for r in seed)
+    explained = sum(not r.within and r.point.miss is not None for r in seed)
+    return (
+        f"held out: {len(held)} points, {len(seed)} in the seed regime (decode and verification "
+        f"of up to {SEED_BATCH} sequences x {VERIFY_TOKENS} tokens, prefill up to "
+        f"{SEED_PREFILL:,} tokens): {inside} within {GOAL:.0%}, {len(seed) - inside} outside "
+        f"({explained} with a recorded reason)"
+    )
 
 
 def misses(all_rows: list[Row]) -> list[Row]:
     """Points (fitted or held out) the model misses by more than the goal."""
     return [r for r in all_rows if r.point.excluded is None and not r.within]
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """A format's bits against one published file's effective bits."""
+
+    format: str
+    file: PublishedFile
+    bits: float  # the catalogue's, used by the cost model
+    effective: float  # bytes x 8 / the model's parameters
+
+    @property
+    def error(self) -> float:
+        """The catalogue's bits over the file's, minus one."""
+        return self.bits / self.effective - 1
+
+    @property
+    def within(self) -> bool:
+        return abs(self.error) <= BITS_GOAL
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "model": self.file.model,
+            "bytes": self.file.bytes,
+            "bits": self.bits,
+            "effective_bits": self.effective,
+            "error": self.error,
+            "within_goal": self.within,
+            "source": self.file.source,
+            "miss": self.file.miss,
+        }
+
+
+def file_checks(cat: Catalogue) -> list[FileCheck]:
+    """Every published file of every format against the format's bits."""
+    return [
+        FileCheck(name, f, fmt.bits, effective_bits(cat.spec, f))
+        for name, fmt in cat.spec.formats.items()
+        for f in fmt.files
+    ]
+
+
+def files_table(checks: list[FileCheck]) -> str:
+    head = (
+        f"{'format':<8} {'model':<16} {'file bytes':>14} {'bits':>6} {'file bits':>9} "
+        f"{'error':>7} {'<=5%':>4}  source"
+    )
+    lines = [head]
+    for c in checks:
+        lines.append(
+            f"{c.format:<8} {c.file.model:<16} {c.file.bytes:>14,} {c.bits:>6.3g} "
+            f"{c.effective:>9.3f} {c.error:>+7.1%} {'yes' if c.within else 'NO':>4}  "
+            f"{c.file.source}"
+        )
+        if c.file.miss:
+            lines.append(f"      reason: {c.file.miss}")
+    return "\n".join(lines)
 
 
 def number(value: float, digits: int = 4) -> str:
@@ -532,7 +624,17 @@ def run(
     missed = misses(stored)
     echo(f"\n{len(missed)} points outside {GOAL:.0%}, with the catalogue's reason:")
     for r in missed:
-        echo(f"  {format_row(r)}\n      reason: {r.point.miss or '(none recorded)'}")
+        seed = " [seed regime]" if in_seed_regime(r.point) else ""
+        echo(f"  {format_row(r)}{seed}\n      reason: {r.point.miss or '(none recorded)'}")
+    echo("\n" + held_out_summary(stored))
+    checks = file_checks(cat)
+    if checks:
+        echo(
+            "\nweight formats: the catalogue's bits per weight (the cost model's) against "
+            f"published files' bytes x 8 / parameters (goal: within {BITS_GOAL:.0%})\n"
+        )
+        echo(files_table(checks))
+        figures["files"] = [c.as_dict() for c in checks]
     measured = measure_live(progress) if live else None
     if measured:
         live_rows = [row(cat, name, p) for name in LIVE for p in measured.points[name]]

@@ -1,7 +1,8 @@
 """The hardware-and-model catalogue (`topologies/hardware.yaml`): data a lab engineer extends.
 
     sources:   {splitwise: "Patel et al., ...", ...}          # cited by calibration points
-    formats:   {q4_0: {bits: 4.5, source: ...}, ...}          # bits per weight
+    formats:   {q4_0: {bits: 4.5, source: ..., files: [...]}, ...}  # bits per weight; published
+                                                              # files' sizes check them
     models:    {llama-3.2-1b: {params, layers, hidden, ffn, heads, kv_heads, head_dim, vocab,
                                tied_embeddings, source}, ...}
     hardware:  {pi5: {description, memory_gb, bandwidth_gbs, peak_tflops, devices, source,
@@ -37,9 +38,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class PublishedFile(_Strict):
+    """A published weight file of one model in a format: its size gives the bits per weight
+    the format really takes (`effective_bits`), tensors kept at higher precision included."""
+
+    model: str  # a key of the catalogue's `models`
+    bytes: int = Field(gt=0)  # the file's size as published
+    source: str  # a key of the file's `sources`
+    miss: str | None = None  # why the format's bits differ from the file's, where they do
+
+
 class WeightFormat(_Strict):
     bits: float = Field(gt=0, le=64)  # per weight, scales included
     source: str
+    files: list[PublishedFile] = []  # published files in this format (a check of `bits`)
 
     @property
     def bytes_per_param(self) -> float:
@@ -145,6 +157,14 @@ class CatalogueFile(_Strict):
 
     @model_validator(mode="after")
     def _references(self) -> CatalogueFile:
+        for fmt_name, fmt in self.formats.items():
+            for i, file in enumerate(fmt.files):
+                where = f"formats.{fmt_name}.files.{i}"
+                if file.model not in self.models:
+                    raise ValueError(f"{where}.model: {unknown('model', file.model, self.models)}")
+                if file.source not in self.sources:
+                    known = unknown("source", file.source, self.sources)
+                    raise ValueError(f"{where}.source: {known}")
         for name, hw in self.hardware.items():
             key = f"hardware.{name}"
             if hw.fit_from is not None:
@@ -190,6 +210,11 @@ def split_ref(ref: str, spec: CatalogueFile, where: str) -> tuple[ModelEntry, We
     if fmt not in spec.formats:
         raise ValueError(f"{where}: model {ref!r}: {unknown('format', fmt, spec.formats)}")
     return spec.models[name], spec.formats[fmt]
+
+
+def effective_bits(spec: CatalogueFile, file: PublishedFile) -> float:
+    """Bits per parameter of a published file: its bytes x 8 over the model's parameters."""
+    return file.bytes * 8 / spec.models[file.model].params
 
 
 def llama_params(m: ModelEntry) -> int:
