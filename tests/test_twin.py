@@ -297,3 +297,28 @@ def test_a_full_kv_pool_refuses_growth_and_the_refused_fall_back():
     assert refused > 0 and fallback > 0, (refused, fallback)
     assert run(4 * 170) == (0, 0)
     assert run(None) == (0, 0)
+
+
+def test_a_scheduled_blackout_makes_rounds_fall_back_while_it_lasts(tmp_path):
+    """A schedule cuts the link at 4 s and heals it at 8 s: the twin's rounds begun inside the
+    blackout fall back, those before and after it are verified; the lab's steps count from its
+    apply, so a lead of 2 s moves the blackout 2 s earlier on the devices' clock."""
+    from testbed.twin.sled import EPOCH
+
+    path = tmp_path / "cut.yaml"
+    path.write_text(
+        "name: cut\nmode: sled\ntopology: topologies/star.yaml\nlab: {devices: 2}\n"
+        "models: {draft_as: llama-3.2-1b@q4_0, target_as: llama-3.1-8b@bf16}\n"
+        "workload: {kind: arithmetic, problems_per_device: 6, seed: 11, max_new_tokens: 48}\n"
+        "link: {rtt_ms: 85, schedule: [{at_s: 4, loss: 1.0}, {at_s: 8, loss: 0.0}]}\n"
+    )
+    (cond,) = expand(load_playbook(path))
+    for lead in (0.0, 2.0):
+        tc = twin_condition(cond, str(path), acceptance=0.8, link_lead_s=lead)
+        assert [p.at_s for p in tc.link_phases] == [-lead, 4 - lead, 8 - lead]
+        rounds = Twin(tc, seed=1).run().rounds
+        t = [(r["t_start"] - EPOCH, r["mode"]) for r in rounds]
+        inside = [m for s, m in t if 4 - lead + 0.5 < s < 8 - lead - 0.5]
+        outside = [m for s, m in t if s < 4 - lead - 0.5 or s > 8 - lead + 1.5]
+        assert inside and set(inside) == {"fallback"}, t
+        assert outside and set(outside) == {"verified"}, t

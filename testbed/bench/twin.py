@@ -12,6 +12,7 @@ simulated seconds, devices per wall second of simulation and the process's peak 
 
 from __future__ import annotations
 
+import json
 import resource
 import time
 from dataclasses import dataclass
@@ -40,12 +41,25 @@ spread of about 13 % (README, the twin against the seed run), so the twin gives 
 standard deviation over this many seeds and a lab figure is judged against both."""
 
 
+def link_lead_s(folder: Path) -> float:
+    """How long before its devices' first request the lab applied the condition's links (the
+    holders' first change, `link.json`), in emulated seconds; 0 where either is missing."""
+    try:
+        changes = json.loads((folder / "link.json").read_text()).get("changes") or []
+        starts = pd.read_parquet(folder / "requests.parquet", columns=["t_start"])["t_start"]
+    except (OSError, ValueError, KeyError):
+        return 0.0
+    applied = [c["at"] for c in changes if c.get("phase", 0) == 0 and "at" in c]
+    return max(0.0, float(starts.min()) - min(applied)) if applied and len(starts) else 0.0
+
+
 def twin_figures(
-    cond, source: str, acceptance: float | None, draws: int = DRAWS
+    cond, source: str, acceptance: float | None, draws: int = DRAWS, lead: float = 0.0
 ) -> tuple[dict[str, float | None], dict[str, float | None]]:
     """The twin's figures of one condition through the lab's own ConditionStats: the mean
-    over `draws` seeds, and the standard deviation."""
-    tc = twin_condition(cond, source, acceptance)
+    over `draws` seeds, and the standard deviation (`lead`: the lab's link steps began that
+    long before its devices)."""
+    tc = twin_condition(cond, source, acceptance, link_lead_s=lead)
     rows = [simulated_figures(cond, tc, draw=i) for i in range(draws)]
     frame = pd.DataFrame([{m: r.get(m) for m, _, _ in FIGURES} for r in rows], dtype=float)
     mean, sd = frame.mean(), frame.std(ddof=1) if draws > 1 else frame.mean() * 0
@@ -90,7 +104,8 @@ def validate_runs(runs: list[Path]) -> list[Point]:
                 continue
             lab = entry.get("metrics") or {}
             alpha = lab.get("acceptance_alpha") if cond.playbook.mode == "sled" else None
-            twin, spread = twin_figures(cond, str(store.playbook_path), alpha or 0.8)
+            lead = link_lead_s(store.condition_dir(cond.id)) if cond.playbook.link.varies else 0
+            twin, spread = twin_figures(cond, str(store.playbook_path), alpha or 0.8, lead=lead)
             points.append(Point(root.name, cond.id, cond.playbook.mode,
                                 int(lab.get("devices") or 0), lab, twin, spread))  # fmt: skip
     return points

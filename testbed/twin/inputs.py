@@ -32,7 +32,8 @@ from testbed.runner.draft_choice import stood_for_acceptance
 from testbed.runner.emulation import hardware_of
 from testbed.runner.workload import problems_for
 from testbed.topo.catalogue import load_catalogue
-from testbed.topo.profile import GilbertElliott
+from testbed.topo.profile import GilbertElliott, LinkProfile
+from testbed.topo.schedule import timeline
 
 MAX_DEVICES = 100_000
 """The most devices one simulated condition takes (`lab.devices`)."""
@@ -45,6 +46,17 @@ class Request:
     prompt_tokens: int
     answer_tokens: int
     cached_tokens: int = 0  # of the prompt, already in the draft's KV cache (a shared prefix)
+
+
+@dataclass(frozen=True)
+class LinkPhase:
+    """From `at_s` seconds after the devices' start on, the link is this (static) one."""
+
+    at_s: float
+    rtt_s: float
+    jitter_s: float
+    loss_up: float | GilbertElliott
+    loss_down: float | GilbertElliott
 
 
 @dataclass(frozen=True)
@@ -90,22 +102,40 @@ class TwinCondition:
     lookahead: int = 0  # greedy drafts a device makes ahead while a verdict is in flight
     kv_budget_tokens: int | None = None  # the server's KV pool (None: no limit)
     idle_s: float = 120.0  # a session idle this long leaves the pool
+    link_phases: tuple[LinkPhase, ...] = ()  # a schedule or trace (empty: the link is steady)
+
+
+def link_phases(link: LinkProfile, lead_s: float) -> tuple[LinkPhase, ...]:
+    """The phases of a schedule or trace, timed from the devices' start: the lab applies the
+    link `lead_s` seconds before its devices start (its probe, reference answers and server
+    start come between), and the steps count from the apply."""
+    if not link.varies:
+        return ()
+    phases = [
+        LinkPhase(p.at_s - lead_s, p.profile.rtt_ms / 1e3, p.profile.jitter_ms / 1e3,
+                  p.profile.loss_model("up"), p.profile.loss_model("down"))
+        for p in timeline(link)
+    ]  # fmt: skip
+    return tuple(phases)
 
 
 def twin_condition(
-    cond: Condition, source: str, acceptance: float | None = None, devices: int | None = None
+    cond: Condition,
+    source: str,
+    acceptance: float | None = None,
+    devices: int | None = None,
+    link_lead_s: float = 0.0,
 ) -> TwinCondition:
     """The condition as the twin runs it (`devices`: that many, past the lab's limit, each
-    of the topology's one device class); BadInputError naming file and key where the playbook
-    asks for what the twin cannot simulate."""
+    of the topology's one device class; `link_lead_s`: how long before the devices' start
+    a varying link's steps begin, as on the lab); BadInputError naming file and key where the
+    playbook asks for what the twin cannot simulate."""
     pb = cond.playbook
     where = f"{source} ({cond.id})"
     if pb.mode not in ("sled", "centralized"):
         raise BadInputError(
             f"{where}: mode: the twin simulates sled and centralized, not {pb.mode}"
         )
-    if pb.link.varies:
-        raise BadInputError(f"{where}: link: the twin takes a steady link (no schedule or trace)")
     topo = playbook_topology(pb, source)
     hosts = [h for h in topo.hosts if h.role == "device"]
     key = "--devices" if devices is not None else "lab.devices"
@@ -161,7 +191,7 @@ def twin_condition(
         probe_s=s.probe_ms / 1e3, max_batch=s.max_batch, batch_strategy=s.batch_strategy,
         window_s=s.window_ms / 1e3, lookahead=s.lookahead,
         kv_budget_tokens=kv_budget(pb, where, hardware(topo.server.host_class, "server"), target),
-        idle_s=s.idle_s,
+        idle_s=s.idle_s, link_phases=link_phases(pb.link, link_lead_s),
     )  # fmt: skip
 
 

@@ -47,7 +47,7 @@ from agents.sled.batching import Shape, plan_groups
 from agents.sled.draft_length import DraftLengthController
 from agents.sled.retry import AdaptiveTimeout, FixedTimeout
 from testbed.topo.profile import GilbertElliott
-from testbed.twin.inputs import TwinCondition, TwinDevice
+from testbed.twin.inputs import LinkPhase, TwinCondition, TwinDevice
 
 Direction = Literal["up", "down"]
 UNPACED = {"model": "twin", "paced": False, "forwards": 0, "behind": 0, "modelled_s": 0.0,
@@ -78,6 +78,12 @@ class Records:
     hosts: list[dict[str, Any]] = field(default_factory=list)
 
 
+@functools.lru_cache(maxsize=256)
+def independent(loss: float) -> GilbertElliott:
+    """A loss rate as a one-state chain (built once per rate: it is asked per packet)."""
+    return GilbertElliott.random(loss)
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def decode_s(hw: Hardware, model: ModelShape, context: int) -> float:
     """One token drafted after `context` (cached: every device of a class asks alike)."""
@@ -92,23 +98,31 @@ class Twin:
         self.rng = random.Random(seed)
         self.queue: simpy.Store = simpy.Store(self.env)
         self.records = Records()
-        self.chains = {d: loss if isinstance(loss, GilbertElliott) else GilbertElliott.random(loss)
-                       for d, loss in (("up", tc.loss_up), ("down", tc.loss_down))}  # fmt: skip
+        self.steady = LinkPhase(0.0, tc.rtt_s, tc.jitter_s, tc.loss_up, tc.loss_down)
         self.bad: dict[tuple[str, Direction], bool] = {}  # (device, direction): in the bad state
         self.kv: dict[str, tuple[int, float]] = {}  # device -> (tokens its session holds, last use)
         self.refusals = 0
 
     # --- the link --------------------------------------------------------------------------
 
+    def _phase(self) -> LinkPhase:
+        """The link as it is now: the steady one, or the schedule's phase in force."""
+        phases = self.tc.link_phases
+        if not phases:
+            return self.steady
+        t = self.env.now - EPOCH
+        return next((p for p in reversed(phases) if p.at_s <= t), phases[0])
+
     def _one_way(self) -> float:
-        jitter = self.rng.uniform(-self.tc.jitter_s, self.tc.jitter_s) if self.tc.jitter_s else 0
-        return max(0.0, self.tc.rtt_s / 2 + jitter)
+        phase = self._phase()
+        jitter = self.rng.uniform(-phase.jitter_s, phase.jitter_s) if phase.jitter_s else 0
+        return max(0.0, phase.rtt_s / 2 + jitter)
 
     def _arrives(self, dev: str, direction: Direction) -> bool:
         """Whether at least one of the copies gets through `dev`'s link in `direction`: each
         copy is lost as the link's chain's state says, then the chain steps (netem's gemodel;
         a loss rate is a chain that never leaves its good state)."""
-        chain = self.chains[direction]
+        chain = self._chain(direction)
         if chain.mean_loss <= 0:
             return True
         arrived = False
@@ -118,6 +132,12 @@ class Twin:
             step, key = self.rng.random(), (dev, direction)
             self.bad[key] = step >= chain.r if bad else step < chain.p
         return arrived
+
+    def _chain(self, direction: Direction) -> GilbertElliott:
+        """The loss of one direction now, as a Gilbert-Elliott chain (a rate: one state)."""
+        phase = self._phase()
+        loss = phase.loss_up if direction == "up" else phase.loss_down
+        return loss if isinstance(loss, GilbertElliott) else independent(loss)
 
     def _after(self, delay: float, then: Callable[[], None]) -> None:
         """Call `then` `delay` seconds from now (a timeout's callback: no process)."""
