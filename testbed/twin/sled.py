@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -100,7 +101,9 @@ class Twin:
         self.records = Records()
         self.steady = LinkPhase(0.0, tc.rtt_s, tc.jitter_s, tc.loss_up, tc.loss_down)
         self.bad: dict[tuple[str, Direction], bool] = {}  # (device, direction): in the bad state
-        self.kv: dict[str, tuple[int, float]] = {}  # device -> (tokens its session holds, last use)
+        # device -> (tokens its session holds, last use), in order of last use
+        self.kv: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self.kv_total = 0  # tokens every session holds together
         self.refusals = 0
 
     # --- the link --------------------------------------------------------------------------
@@ -193,24 +196,30 @@ class Twin:
         if budget is None:
             return True
         held = self.kv.get(ask.dev, (0, now))[0]
-        total = sum(t for t, _ in self.kv.values())
-        if total - held + need > budget:
-            for dev, (_, last) in list(self.kv.items()):
-                if dev != ask.dev and now - last > self.tc.idle_s:
-                    del self.kv[dev]
-            total = sum(t for t, _ in self.kv.values())
-        if total - held + need > budget and need > held:
+        while self.kv_total - held + need > budget and self.kv:  # the longest idle first
+            dev, (_, last) = next(iter(self.kv.items()))
+            if dev == ask.dev or now - last <= self.tc.idle_s:
+                break
+            self._leave(dev)
+        if self.kv_total - held + need > budget and need > held:
             self.refusals += 1
             ask.refused = True
             self._send_down(ask)
             return False
+        self.kv_total += need - held
         self.kv[ask.dev] = (need, now)
+        self.kv.move_to_end(ask.dev)  # in order of last use
         return True
+
+    def _leave(self, dev: str) -> None:
+        """The device's session leaves the pool."""
+        tokens, _ = self.kv.pop(dev, (0, 0.0))
+        self.kv_total -= tokens
 
     def _end_session(self, dev: str) -> None:
         """The device's END after its answer (one datagram: lost, the session waits to expire)."""
         if self._arrives(dev, "up"):
-            self._after(self._one_way(), lambda: self.kv.pop(dev, None))
+            self._after(self._one_way(), lambda: self._leave(dev))
 
     # --- a SLED device ---------------------------------------------------------------------
 
