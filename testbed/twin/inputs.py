@@ -257,11 +257,13 @@ def request_of(problem: object, max_new: int, encode: Encode | None = None) -> R
     held = getattr(problem, "max_new", None)
     length = getattr(problem, "prompt_tokens", None)
     answer = getattr(problem, "answer", None)
-    ids = prompt_ids_of(problem, encode)
+    ids = getattr(problem, "prompt_ids", None)
     if ids is not None:
         prompt = len(ids)
-    elif length:
+    elif length:  # a stood-for prompt's length (its ids are built only with a tokenizer)
         prompt = int(length)
+    elif encode is not None:
+        prompt = len(encode(prompt_of(problem)))  # type: ignore[arg-type]
     else:
         prompt = round(len(str(getattr(problem, "question", "")).split()) * PROMPT_TOKENS_PER_WORD)
     if held:
@@ -274,11 +276,14 @@ def request_of(problem: object, max_new: int, encode: Encode | None = None) -> R
 
 
 def prompt_ids_of(problem: object, encode: Encode | None) -> list[int] | None:
-    """The prompt's token ids: those the problem carries, else its prompt encoded."""
+    """The prompt's token ids: those the problem carries, else its plain prompt encoded
+    (None for a stood-for prompt without its ids: its tokens are not the plain prompt's)."""
     ids = getattr(problem, "prompt_ids", None)
     if ids is not None:
         return list(ids)
-    return encode(prompt_of(problem)) if encode is not None else None  # type: ignore[arg-type]
+    if getattr(problem, "prompt_tokens", None) or encode is None:
+        return None
+    return encode(prompt_of(problem))  # type: ignore[arg-type]
 
 
 def device_requests(
