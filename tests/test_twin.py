@@ -322,3 +322,17 @@ def test_a_scheduled_blackout_makes_rounds_fall_back_while_it_lasts(tmp_path):
         outside = [m for s, m in t if s < 4 - lead - 0.5 or s > 8 - lead + 1.5]
         assert inside and set(inside) == {"fallback"}, t
         assert outside and set(outside) == {"verified"}, t
+
+
+def test_the_validation_counts_points_within_the_goal_and_the_twins_spread():
+    """A lab figure 4 % from the twin's mean is within the 5 % goal; one 8 % off is not, yet
+    lies within the twin's spread when its draws vary by 10 %."""
+    from testbed.bench.twin import Point, within_goal
+
+    def point(lab: float, twin: float, sd: float) -> Point:
+        m = "system_verified_tok_s"
+        return Point("r", "c", "sled", 4, {m: lab}, {m: twin}, {m: sd})
+
+    points = [point(100, 104, 1), point(100, 108, 10), point(100, 120, 5)]
+    assert within_goal(points)["verified tok/s"] == (1, 1, 3)
+    assert [p.within_spread("system_verified_tok_s") for p in points] == [False, True, False]
