@@ -247,6 +247,12 @@ def ended_status(proc: subprocess.Popen, wait_s: float = 2.0) -> int | None:
         return None
 
 
+def responder_ended(lab: LinkSite, code: int | None, err: str, when: str = "") -> AgentEnded:
+    """The fault of a probe responder that ended by itself (`err`: its standard error)."""
+    return AgentEnded(f"probe responder on {lab.server.name} exited with {code}{when}: "
+                      f"{err[-500:]}", lab.server.name, RESPONDER, code, err)  # fmt: skip
+
+
 def ended_output(proc: subprocess.Popen, timeout_s: float) -> tuple[bytes, bool]:
     """What a reporting process (told to end) printed: its stdout once it exits, killed if
     it has not within `timeout_s`; and whether it ended by itself (not killed here)."""
@@ -396,10 +402,7 @@ def probe_packets(
             err = errors.read_text(errors="replace")[-2000:].strip()
             code = ended_status(echo)
             if code not in (None, 0):  # it ended by itself (killed, crashed) before it was ready
-                raise AgentEnded(
-                    f"probe responder on {lab.server.name} exited with {code} before it was "
-                    f"ready: {err[-500:]}", lab.server.name, RESPONDER, code, err,
-                )  # fmt: skip
+                raise responder_ended(lab, code, err, " before it was ready")
             raise ImpairmentError(f"probe responder did not start on {lab.server.name}: {err}")
         budget = send_budget_s(requested, count, interval_ms, size, linger)
         launched = time.time()
@@ -413,10 +416,7 @@ def probe_packets(
         err = errors.read_text(errors="replace")[-2000:].strip()
         errors.unlink(missing_ok=True)
     if ended_itself and echo.returncode != 0:  # killed, or crashed: before it was told to end
-        raise AgentEnded(
-            f"probe responder on {lab.server.name} exited with {shell_status(echo.returncode)}:"
-            f" {err[-500:]}", lab.server.name, RESPONDER, shell_status(echo.returncode), err,
-        )  # fmt: skip
+        raise responder_ended(lab, shell_status(echo.returncode), err)
     if not res.ok:
         raise AgentEnded(
             f"probe sender on {dev.name} exited with {shell_status(res.returncode)}: "

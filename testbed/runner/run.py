@@ -311,10 +311,10 @@ def _run_one(ctx: RunContext, store: RunStore, cond: Condition) -> dict:
     except Exception as exc:  # a failed condition is journaled; the sweep goes on
         reason = str(exc) if isinstance(exc, TestbedError) else f"{type(exc).__name__}: {exc}"
         staged.error.write_text(traceback.format_exc())
-        dilation = cond.playbook.lab.time_dilation
-        at = 1.0 if dilation == "auto" else float(dilation)
+        asked = cond.playbook.lab.time_dilation
+        dilation = 1.0 if asked == "auto" else float(asked)  # auto: the pilots' first, 1
         for ended in agents_ended(exc):
-            ctx.faults.append(fault := ended_fault(cond.id, ended, t0, at))
+            ctx.faults.append(fault := ended_fault(cond.id, ended, t0, dilation))
             ctx.say(f"{cond.id}: FAULT: {fault.reason}")
         # an agent that ended by itself (a probe, the reference answers) is a fault the
         # condition names; anything else, a failure of the testbed

@@ -152,9 +152,8 @@ class AgentWatch:
             time.sleep(POLL_S)
 
     def _fault(self, proc: RemoteProcess, t: float, what: str, **fields: object) -> FaultRecord:
-        at = self.condition_s(t)
-        reason = f"{proc.name} on {proc.host} {what} at {at:.1f} s"
-        return FaultRecord(self.condition, proc.host, proc.name, reason, t, at, **fields)  # type: ignore[arg-type]
+        return fault_record(self.condition, proc.host, proc.name, what, t,
+                            self.condition_s(t), **fields)  # fmt: skip
 
     def _exited(self, proc: RemoteProcess, status: int | None) -> FaultRecord:
         t = self._exit_time(proc)
@@ -177,6 +176,15 @@ class AgentWatch:
         except ValueError:
             return time.time()
         return float(self.clocks.get(proc.host, CONTROLLER).to_controller(t_host))
+
+
+def fault_record(
+    condition: str, host: str, agent: str, what: str, t: float, at: float, **fields: object
+) -> FaultRecord:
+    """A detected fault: `what` befell `agent` on `host` at controller time `t`, `at`
+    emulated seconds into the condition."""
+    reason = f"{agent} on {host} {what} at {at:.1f} s"
+    return FaultRecord(condition, host, agent, reason, t, at, **fields)  # type: ignore[arg-type]
 
 
 def agents_ended(exc: BaseException) -> list[AgentEnded]:
@@ -203,12 +211,10 @@ def ended_fault(
     """The fault of an agent that ended by itself before the runner asked (seen now:
     `started`, the condition's start on the controller's clock)."""
     t = time.time()
-    at = (t - started) / dilation
     what, sig = exit_reason(ended.exit_status)
-    reason = f"{ended.agent} on {ended.host} {what} at {at:.1f} s"
-    return FaultRecord(condition, ended.host, ended.agent, reason, t, at,
-                       exit_status=ended.exit_status, signal=sig,
-                       log_tail=ended.log_tail)  # fmt: skip
+    return fault_record(condition, ended.host, ended.agent, what, t, (t - started) / dilation,
+                        exit_status=ended.exit_status, signal=sig,
+                        log_tail=ended.log_tail)  # fmt: skip
 
 
 def unasked(faults: Iterable[FaultRecord]) -> list[FaultRecord]:

@@ -19,6 +19,7 @@ playbook's whole `max_new_tokens`, which overstates a short answer's rate.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,7 +212,7 @@ def fleet_problems(cond: Condition, names: list[str]) -> dict[str, list[object]]
     return {name: firsts[i % distinct] for i, name in enumerate(names)}
 
 
-Encode = Callable[[str], list[int]]
+Encode = Callable[[str], tuple[int, ...]]
 
 
 def kv_budget(pb: Playbook, where: str, server: Hardware, target: ModelShape) -> int:
@@ -247,7 +248,12 @@ def target_encoder(pb: Playbook) -> Encode | None:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(path))
-    return lambda text: list(tokenizer.encode(text).ids)
+
+    @functools.cache  # a fleet repeats its problems: each text encoded once
+    def encode(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(text).ids)
+
+    return encode
 
 
 def request_of(problem: object, max_new: int, encode: Encode | None = None) -> Request:
@@ -275,12 +281,12 @@ def request_of(problem: object, max_new: int, encode: Encode | None = None) -> R
     return Request(str(problem.id), max(1, prompt), new)  # type: ignore[attr-defined]
 
 
-def prompt_ids_of(problem: object, encode: Encode | None) -> list[int] | None:
+def prompt_ids_of(problem: object, encode: Encode | None) -> tuple[int, ...] | None:
     """The prompt's token ids: those the problem carries, else its plain prompt encoded
     (None for a stood-for prompt without its ids: its tokens are not the plain prompt's)."""
     ids = getattr(problem, "prompt_ids", None)
     if ids is not None:
-        return list(ids)
+        return tuple(ids)
     if getattr(problem, "prompt_tokens", None) or encode is None:
         return None
     return encode(prompt_of(problem))  # type: ignore[arg-type]

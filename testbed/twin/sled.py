@@ -28,6 +28,7 @@ figure is computed by the same `ConditionStats` as a lab run's.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import random
 from collections import OrderedDict
@@ -100,6 +101,7 @@ class Twin:
         self.queue: simpy.Store = simpy.Store(self.env)
         self.records = Records()
         self.steady = LinkPhase(0.0, tc.rtt_s, tc.jitter_s, tc.loss_up, tc.loss_down)
+        self.phase_starts = [p.at_s for p in tc.link_phases]
         self.bad: dict[tuple[str, Direction], bool] = {}  # (device, direction): in the bad state
         # device -> (tokens its session holds, last use), in order of last use
         self.kv: OrderedDict[str, tuple[int, float]] = OrderedDict()
@@ -113,8 +115,8 @@ class Twin:
         phases = self.tc.link_phases
         if not phases:
             return self.steady
-        t = self.env.now - EPOCH
-        return next((p for p in reversed(phases) if p.at_s <= t), phases[0])
+        i = bisect.bisect_right(self.phase_starts, self.env.now - EPOCH)  # asked per packet
+        return phases[max(0, i - 1)]
 
     def _one_way(self) -> float:
         phase = self._phase()
@@ -128,11 +130,11 @@ class Twin:
         chain = self._chain(direction)
         if chain.mean_loss <= 0:
             return True
-        arrived = False
+        arrived, key = False, (dev, direction)
         for _ in range(self.tc.copies):
-            bad = self.bad.get((dev, direction), False)
+            bad = self.bad.get(key, False)
             arrived |= self.rng.random() >= (chain.one_minus_h if bad else chain.one_minus_k)
-            step, key = self.rng.random(), (dev, direction)
+            step = self.rng.random()
             self.bad[key] = step >= chain.r if bad else step < chain.p
         return arrived
 
@@ -256,7 +258,6 @@ class Twin:
                         self._send_up(ask)
                         yield ask.answer | env.timeout(retry.timeout_s())
                         if ask.answer.triggered and ask.refused:  # this round falls back
-                            ask.refused = False
                             break
                         if ask.answer.triggered:
                             got = True
