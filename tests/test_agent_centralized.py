@@ -10,7 +10,8 @@ from agent_harness import ServerThread, assert_targets_greedy_output, problems, 
 from agents.engines.llama_cpp import LlamaCppEngine
 from agents.engines.torch_hf import TorchEngine
 from agents.records import read_records
-from agents.sled.centralized import ContinuousBatcher
+from agents.sled.central_rounds import centralized_rounds
+from agents.sled.centralized import ContinuousBatcher, token_offsets_ms
 from agents.spec.decoding import generate_ad
 
 
@@ -64,3 +65,34 @@ def test_centralized_devices_over_udp_get_the_targets_greedy_output(tmp_path, ta
     steps = read_records(tmp_path / "server" / "ar_steps.jsonl")
     assert max(s["batch"] for s in steps) > 1  # devices shared forwards
     assert len(read_records(tmp_path / "server" / "generations.jsonl")) == 6
+    for dev in items:  # one round per token, seen as a stream would show them
+        rounds = read_records(tmp_path / dev / "rounds.jsonl")
+        answers = read_records(tmp_path / dev / "requests.jsonl")
+        assert len(rounds) == sum(a["tokens"] for a in answers)
+        assert {r["tokens"] for r in rounds} == {1}
+        for a in answers:
+            ends = [r["t_end"] for r in rounds if r["problem"] == a["problem"]]
+            assert ends == sorted(ends) and ends[-1] - ends[0] > 0  # decoding took time
+            assert ends[-1] == pytest.approx(a["t_end"], abs=0.05)
+
+
+def test_a_centralized_answer_is_recorded_as_each_token_reached_a_streaming_client():
+    rows = centralized_rounds("d0", "p1", 10.0, 12.0, 3, [100.0, 150.0, 300.0], {"attempts": 2})
+    assert [r["t_end"] for r in rows] == pytest.approx([11.8, 11.85, 12.0])
+    assert [r["t_start"] for r in rows] == pytest.approx([10.0, 11.8, 11.85])
+    assert rows[0]["attempts"] == 2 and "attempts" not in rows[1]
+    # without step times (or with a count that does not match) the answer is one round
+    (one,) = centralized_rounds("d0", "p1", 10.0, 12.0, 3, [], {"attempts": 1})
+    assert (one["t_end"], one["tokens"]) == (12.0, 3)
+    assert len(centralized_rounds("d0", "p1", 10.0, 12.0, 3, [1.0, 2.0], {})) == 1
+
+
+def test_the_batcher_keeps_each_tokens_step_time(target):
+    batcher = ContinuousBatcher(target, max_batch=2)
+    batcher.join("a", 0, ("127.0.0.1", 9), target.tokenize("1+1="), 6)
+    done: list = []
+    while batcher.busy:
+        done += batcher.step()[0]
+    (gen,) = done
+    offsets = token_offsets_ms(gen)
+    assert len(offsets) == len(gen.out) and offsets == sorted(offsets) and offsets[0] > 0

@@ -4,7 +4,8 @@ Devices that send only their prompt (GENERATE) get autoregressive greedy generat
 target. All running generations advance together, one token each per batched forward;
 a new one joins between steps and a finished one (EOS or max_new; max_new alone for an
 answer held to its length) leaves, as in vLLM's continuous batching. The result goes back
-in one RESULT when a generation finishes.
+in one RESULT when a generation finishes, with each token's step time, so the device can say
+when a streaming client would have seen each token.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class RunningRequest:
     arrived: float
     stop_id: int  # EOS, or NO_STOP for an answer held to max_new
     out: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # monotonic end of each token's step
     steps: int = 0
     started: float | None = None
     done: bool = False
@@ -84,6 +86,7 @@ class ContinuousBatcher:
             g.started = g.started or now
             feeds[g.tracked.sid] = g.tracked.prepare(g.committed)
         logits = self.engine.score_batch(feeds)
+        ended = clock.monotonic()
         finished = []
         for g in gens:
             feed = feeds[g.tracked.sid]
@@ -91,6 +94,7 @@ class ContinuousBatcher:
             token = int(np.argmax(logits[g.tracked.sid][-1]))
             g.committed.append(token)
             g.steps += 1
+            g.token_times.append(ended)
             g.out, g.done = finish(g.out + [token], g.stop_id, g.max_new)
             if g.done:
                 finished.append(g)
@@ -106,3 +110,9 @@ class ContinuousBatcher:
                 gen = g
         if gen is not None:
             gen.tracked.close()
+
+
+def token_offsets_ms(gen: RunningRequest) -> list[float]:
+    """Each kept token's step end, in ms after the generation's first step began."""
+    start = gen.started if gen.started is not None else gen.arrived
+    return [round((t - start) * 1000, 3) for t in gen.token_times[: len(gen.out)]]

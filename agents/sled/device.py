@@ -39,6 +39,7 @@ from agents.protocol import wire
 from agents.protocol.address import parse_address
 from agents.protocol.auth import key_for_agent
 from agents.records import RecordWriter
+from agents.sled.central_rounds import centralized_rounds
 from agents.sled.device_config import DeviceConfigError, load_device_config
 from agents.sled.draft_length import DraftLengthController
 from agents.sled.link import ServerLink
@@ -396,14 +397,12 @@ class DeviceAgent:
             raise RuntimeError(f"server refused {sid}: {reply.reason}")
         out = reply.tokens if isinstance(reply, wire.Result) else []
         t_end = clock.now()
-        self.records.write(
-            "rounds",
-            {"dev": cfg.dev, "problem": sid, "round": 0, "t_start": t_start, "t_end": t_end,
-             "mode": "centralized", "tokens": len(out), "attempts": attempts,
-             "waited_ms": (t_end - t_start) * 1000,
-             "server_queue_ms": getattr(reply, "queue_ms", None),
-             "server_compute_ms": getattr(reply, "gen_ms", None)},
-        )  # fmt: skip
+        first = {"attempts": attempts, "waited_ms": (t_end - t_start) * 1000,
+                 "server_queue_ms": getattr(reply, "queue_ms", None),
+                 "server_compute_ms": getattr(reply, "gen_ms", None)}  # fmt: skip
+        token_ms = reply.token_ms if isinstance(reply, wire.Result) else []
+        for row in centralized_rounds(cfg.dev, sid, t_start, t_end, len(out), token_ms, first):
+            self.records.write("rounds", row)
         record = request_record(cfg.dev, problem, t_start, t_end, len(prompt), out,
                                 answer_text(self.engine, out), len(out), 0, 1)  # fmt: skip
         self.records.write("requests", record)

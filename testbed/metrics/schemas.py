@@ -33,7 +33,8 @@ ARROW_TYPES: dict[type, pa.DataType] = {
 @dataclass(frozen=True)
 class RoundRecord:
     """One device round: draft, then a verdict (`verified`) or the draft kept (`fallback`); in
-    the centralized mode one `centralized` round per request (the server generated it all).
+    the centralized mode one `centralized` round per token, at the time a streaming client
+    would have seen it (agents/sled/central_rounds.py).
 
     Beside these columns the agents write `conf` (the drafter's probability of each drafted
     token, a list) and look-ahead counters; they are kept as extra columns."""

@@ -46,6 +46,7 @@ from agents.emulation.stepcost import (
     step_seconds,
 )
 from agents.sled.batching import Shape, plan_groups
+from agents.sled.central_rounds import centralized_rounds
 from agents.sled.draft_length import DraftLengthController
 from agents.sled.retry import AdaptiveTimeout, FixedTimeout
 from testbed.topo.profile import GilbertElliott
@@ -71,6 +72,7 @@ class Ask:
     received: bool = False  # the server has it
     generated: simpy.Event | None = None  # centralized: its answer is made
     refused: bool = False  # the KV pool had no room: `kv_pool_full`
+    token_s: list[float] = field(default_factory=list)  # centralized: each token's step end
 
 
 @dataclass
@@ -348,6 +350,7 @@ class Twin:
             yield env.timeout(step_seconds(tc.server, tc.target, batch))
             running += [[a, a.tokens - 1, a.shape.new + 1] for a in fresh]
             for r in running:
+                r[0].token_s.append(env.now)
                 if r[0] not in fresh:
                     r[1], r[2] = r[1] - 1, r[2] + 1
             for r in [r for r in running if r[1] <= 0]:
@@ -372,11 +375,11 @@ class Twin:
                     # the server has it: wait for the answer, asking again if it was lost
                     yield ask.generated
                     yield ask.answer | env.timeout(tc.timeout_s + tc.rtt_s)
-            self.records.rounds.append({
-                "dev": dev.name, "problem": req.problem, "round": 0, "t_start": t0,
-                "t_end": env.now, "mode": "centralized", "tokens": req.answer_tokens,
-                "attempts": attempts, "batch": ask.batch, **UNPACED,
-            })  # fmt: skip
+            token_ms = [(t - ask.token_s[0]) * 1000 for t in ask.token_s]
+            first = {"attempts": attempts, "batch": ask.batch}
+            for row in centralized_rounds(dev.name, req.problem, t0, env.now, req.answer_tokens,
+                                          token_ms, first):  # fmt: skip
+                self.records.rounds.append({**row, **UNPACED})
             self.records.requests.append(
                 self._request(dev, req, t0, req.answer_tokens, req.answer_tokens, 0, 1)
             )
