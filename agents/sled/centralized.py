@@ -115,4 +115,4 @@ class ContinuousBatcher:
 def token_offsets_ms(gen: RunningRequest) -> list[float]:
     """Each kept token's step end, in ms after the generation's first step began."""
     start = gen.started if gen.started is not None else gen.arrived
-    return [round((t - start) * 1000, 3) for t in gen.token_times[: len(gen.out)]]
+    return [round((t - start) * 1000, 1) for t in gen.token_times[: len(gen.out)]]
