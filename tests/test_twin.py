@@ -7,12 +7,14 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from testbed.cli import app
 from testbed.config.playbook import expand, load_playbook
 from testbed.core.errors import BadInputError
+from testbed.metrics.condition_stats import request_latencies
 from testbed.report.data import load_run
 from testbed.report.summary import summary_markdown
 from testbed.topo.catalogue import load_catalogue
@@ -80,6 +82,17 @@ def test_centralized_throughput_is_batch_over_step_time(monkeypatch):
     assert centralized_rate(tc, 0.02, monkeypatch) == pytest.approx(800, rel=0.01)
     one = dataclasses.replace(tc, max_batch=1, devices=tc.devices[:4])
     assert centralized_rate(one, 0.02, monkeypatch) == pytest.approx(50, rel=0.01)
+
+
+def test_a_centralized_answers_tpot_is_the_servers_step(monkeypatch):
+    """A fixed 20 ms step over a 50 ms link: each token after the first comes 20 ms after the
+    one before (as a stream would show it), the first after the link and one step."""
+    tc = condition("centralized", devices=4, answer=200, rtt_s=0.05)
+    monkeypatch.setattr(twin_sled, "step_seconds", lambda hw, model, batch: 0.02)
+    records = Twin(tc).run()
+    lat = request_latencies(pd.DataFrame(records.requests), pd.DataFrame(records.rounds))
+    assert lat["tpot"].to_numpy() == pytest.approx(0.02, rel=1e-6)
+    assert lat["ttft"].to_numpy() == pytest.approx(0.05 + 0.02, abs=0.002)
 
 
 def test_centralized_throughput_fails_without_batching(monkeypatch):

@@ -203,7 +203,7 @@ class Result(Message):
     steps: int  # decoding steps (batched forwards) the session took part in
     queue_ms: float = 0.0  # from arrival to the first step
     gen_ms: float = 0.0  # from the first step to the last
-    token_ms: list[float] = field(default_factory=list)  # each token's step end (ms, from step 1)
+    first_ms: float = 0.0  # from the first step's start to the end of the first token's step
 
 
 @dataclass

@@ -4,8 +4,8 @@ Devices that send only their prompt (GENERATE) get autoregressive greedy generat
 target. All running generations advance together, one token each per batched forward;
 a new one joins between steps and a finished one (EOS or max_new; max_new alone for an
 answer held to its length) leaves, as in vLLM's continuous batching. The result goes back
-in one RESULT when a generation finishes, with each token's step time, so the device can say
-when a streaming client would have seen each token.
+in one RESULT when a generation finishes, with the time its first token was made, so the
+device can say when a streaming client would have seen its tokens.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class RunningRequest:
     arrived: float
     stop_id: int  # EOS, or NO_STOP for an answer held to max_new
     out: list[int] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)  # monotonic end of each token's step
+    first_token: float | None = None  # monotonic end of the step that made the first token
     steps: int = 0
     started: float | None = None
     done: bool = False
@@ -94,7 +94,7 @@ class ContinuousBatcher:
             token = int(np.argmax(logits[g.tracked.sid][-1]))
             g.committed.append(token)
             g.steps += 1
-            g.token_times.append(ended)
+            g.first_token = g.first_token or ended
             g.out, g.done = finish(g.out + [token], g.stop_id, g.max_new)
             if g.done:
                 finished.append(g)
@@ -112,7 +112,9 @@ class ContinuousBatcher:
             gen.tracked.close()
 
 
-def token_offsets_ms(gen: RunningRequest) -> list[float]:
-    """Each kept token's step end, in ms after the generation's first step began."""
-    start = gen.started if gen.started is not None else gen.arrived
-    return [round((t - start) * 1000, 1) for t in gen.token_times[: len(gen.out)]]
+def first_token_ms(gen: RunningRequest) -> float:
+    """From the generation's first step's start to the end of the step that made its first
+    token (0 before any)."""
+    if gen.first_token is None or gen.started is None:
+        return 0.0
+    return round((gen.first_token - gen.started) * 1000, 3)

@@ -400,8 +400,12 @@ class DeviceAgent:
         first = {"attempts": attempts, "waited_ms": (t_end - t_start) * 1000,
                  "server_queue_ms": getattr(reply, "queue_ms", None),
                  "server_compute_ms": getattr(reply, "gen_ms", None)}  # fmt: skip
-        token_ms = reply.token_ms if isinstance(reply, wire.Result) else []
-        for row in centralized_rounds(cfg.dev, sid, t_start, t_end, len(out), token_ms, first):
+        decode_ms = (
+            reply.gen_ms - reply.first_ms
+            if isinstance(reply, wire.Result) and reply.first_ms > 0
+            else None
+        )
+        for row in centralized_rounds(cfg.dev, sid, t_start, t_end, len(out), decode_ms, first):
             self.records.write("rounds", row)
         record = request_record(cfg.dev, problem, t_start, t_end, len(prompt), out,
                                 answer_text(self.engine, out), len(out), 0, 1)  # fmt: skip

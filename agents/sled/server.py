@@ -47,7 +47,7 @@ from agents.protocol.address import parse_address
 from agents.protocol.auth import LabKey, key_for_agent
 from agents.records import RecordWriter
 from agents.sled.batching import Shape, Strategy, padding_share, plan_groups
-from agents.sled.centralized import ContinuousBatcher, token_offsets_ms
+from agents.sled.centralized import ContinuousBatcher, first_token_ms
 from agents.sled.kv_pool import KvPool, KvQueue, Policy, budget_tokens
 from agents.sled.request_checks import (
     Limits,
@@ -285,7 +285,7 @@ class VerificationServer:
             reply = wire.Result(gen.rid, sid, gen.out, gen.steps,
                                 round(((gen.started or t0) - gen.arrived) * 1000, 3),
                                 round((t1 - (gen.started or t0)) * 1000, 3),
-                                token_offsets_ms(gen))  # fmt: skip
+                                first_token_ms(gen))  # fmt: skip
             self._send(reply, gen.addr, dev)
             if self.records:
                 row = {"t": clock.now(), "dev": dev, "sid": sid, "tokens": len(gen.out),

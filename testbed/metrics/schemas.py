@@ -34,7 +34,7 @@ ARROW_TYPES: dict[type, pa.DataType] = {
 class RoundRecord:
     """One device round: draft, then a verdict (`verified`) or the draft kept (`fallback`); in
     the centralized mode one `centralized` round per token, at the time a streaming client
-    would have seen it (agents/sled/central_rounds.py).
+    would have seen it, its decoding steps spread evenly (agents/sled/central_rounds.py).
 
     Beside these columns the agents write `conf` (the drafter's probability of each drafted
     token, a list) and look-ahead counters; they are kept as extra columns."""

@@ -72,7 +72,8 @@ class Ask:
     received: bool = False  # the server has it
     generated: simpy.Event | None = None  # centralized: its answer is made
     refused: bool = False  # the KV pool had no room: `kv_pool_full`
-    token_s: list[float] = field(default_factory=list)  # centralized: each token's step end
+    first_s: float | None = None  # centralized: the end of its first token's step
+    last_s: float = 0.0  # and of its latest
 
 
 @dataclass
@@ -350,7 +351,8 @@ class Twin:
             yield env.timeout(step_seconds(tc.server, tc.target, batch))
             running += [[a, a.tokens - 1, a.shape.new + 1] for a in fresh]
             for r in running:
-                r[0].token_s.append(env.now)
+                r[0].first_s = env.now if r[0].first_s is None else r[0].first_s
+                r[0].last_s = env.now
                 if r[0] not in fresh:
                     r[1], r[2] = r[1] - 1, r[2] + 1
             for r in [r for r in running if r[1] <= 0]:
@@ -375,10 +377,10 @@ class Twin:
                     # the server has it: wait for the answer, asking again if it was lost
                     yield ask.generated
                     yield ask.answer | env.timeout(tc.timeout_s + tc.rtt_s)
-            token_ms = [(t - ask.token_s[0]) * 1000 for t in ask.token_s]
+            decode_ms = None if ask.first_s is None else (ask.last_s - ask.first_s) * 1000
             first = {"attempts": attempts, "batch": ask.batch}
             for row in centralized_rounds(dev.name, req.problem, t0, env.now, req.answer_tokens,
-                                          token_ms, first):  # fmt: skip
+                                          decode_ms, first):  # fmt: skip
                 self.records.rounds.append({**row, **UNPACED})
             self.records.requests.append(
                 self._request(dev, req, t0, req.answer_tokens, req.answer_tokens, 0, 1)
