@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from testbed.cli import app
 from testbed.config.playbook import expand, load_playbook
 from testbed.core.errors import BadInputError
+from testbed.links.model import standard_jitter
 from testbed.metrics.condition_stats import request_latencies
 from testbed.report.data import load_run
 from testbed.report.summary import summary_markdown
@@ -349,3 +350,20 @@ def test_the_validation_counts_points_within_the_goal_and_the_twins_spread():
     points = [point(100, 104, 1), point(100, 108, 10), point(100, 120, 5)]
     assert within_goal(points)["verified tok/s"] == (1, 1, 3)
     assert [p.within_spread("system_verified_tok_s") for p in points] == [False, True, False]
+
+
+@pytest.mark.parametrize("dist", ["uniform", "normal", "pareto", "paretonormal"])
+def test_the_twins_jitter_has_the_packet_holders_law(dist):
+    """One-way delays drawn as the holder draws them (links.model.standard_jitter): the same
+    mean and spread, and pareto's median 0.28 j below its mean (uniform's at it). Drawn
+    uniform whatever was asked, the pareto median would sit at the mean."""
+    j = 0.004
+    tc = dataclasses.replace(condition(devices=1, answer=10), jitter_s=j, jitter_dist=dist)
+    twin = Twin(tc, 5)
+    got = np.array([twin._one_way() for _ in range(40_000)]) - tc.rtt_s / 2
+    want = standard_jitter(np.random.default_rng(1), dist, (40_000,)) * j
+    assert got.mean() == pytest.approx(want.mean(), abs=0.03 * j)
+    assert got.std() == pytest.approx(want.std(), rel=0.05)
+    assert np.median(got) == pytest.approx(np.median(want), abs=0.03 * j)
+    if dist == "pareto":
+        assert np.median(got) < -0.25 * j

@@ -33,7 +33,7 @@ from testbed.runner.draft_choice import stood_for_acceptance
 from testbed.runner.emulation import hardware_of
 from testbed.runner.workload import problems_for
 from testbed.topo.catalogue import load_catalogue
-from testbed.topo.profile import GilbertElliott, LinkProfile
+from testbed.topo.profile import GilbertElliott, JitterDist, LinkProfile
 from testbed.topo.schedule import timeline
 
 MAX_DEVICES = 100_000
@@ -104,6 +104,7 @@ class TwinCondition:
     kv_budget_tokens: int | None = None  # the server's KV pool (None: no limit)
     idle_s: float = 120.0  # a session idle this long leaves the pool
     link_phases: tuple[LinkPhase, ...] = ()  # a schedule or trace (empty: the link is steady)
+    jitter_dist: JitterDist = "uniform"  # the law of every phase's jitter
 
 
 def link_phases(link: LinkProfile, lead_s: float) -> tuple[LinkPhase, ...]:
@@ -193,6 +194,7 @@ def twin_condition(
         window_s=s.window_ms / 1e3, lookahead=s.lookahead,
         kv_budget_tokens=kv_budget(pb, where, hardware(topo.server.host_class, "server"), target),
         idle_s=s.idle_s, link_phases=link_phases(pb.link, link_lead_s),
+        jitter_dist=pb.link.jitter_dist,
     )  # fmt: skip
 
 

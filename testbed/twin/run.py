@@ -56,16 +56,6 @@ def simulated_figures(
                                       slo=cond.playbook.workload.slo).as_row()  # fmt: skip
 
 
-def jitter_note(cond: Condition) -> str | None:
-    """What the twin does not draw as asked: a jitter of another distribution than uniform."""
-    link = cond.playbook.link
-    dists = {link.jitter_dist} if link.jitter_ms > 0 else set()
-    if dists - {"uniform"}:
-        return (f"link.jitter_dist {link.jitter_dist}: the twin draws the jitter uniform, "
-                "not as asked")  # fmt: skip
-    return None
-
-
 def simulate(
     playbook: Path,
     out: Path | None = None,
@@ -100,9 +90,6 @@ def simulate(
         entry = {"condition": cond.id, "index": cond.index, "values": cond.values,
                  "started": t0, "status": "done", "seconds": time.time() - t0, "link": link,
                  "metrics": metrics, "simulated": True}  # fmt: skip
-        if (note := jitter_note(cond)) is not None:
-            entry["twin_note"] = note
-            say(f"{cond.id}: {note}")
         store.commit(cond.id, staged, entry)
         say(f"{cond.id}: simulated {len(tc.devices)} devices, "
             f"{metrics.get('system_verified_tok_s') or 0:.1f} verified tok/s "

@@ -51,6 +51,7 @@ from agents.sled.draft_length import DraftLengthController
 from agents.sled.retry import AdaptiveTimeout, FixedTimeout
 from testbed.topo.profile import GilbertElliott
 from testbed.twin.inputs import LinkPhase, TwinCondition, TwinDevice
+from testbed.twin.jitter import JitterDraws
 
 Direction = Literal["up", "down"]
 UNPACED = {"model": "twin", "paced": False, "forwards": 0, "behind": 0, "modelled_s": 0.0,
@@ -101,6 +102,7 @@ class Twin:
     def __init__(self, tc: TwinCondition, seed: int = 0) -> None:
         self.tc, self.env = tc, simpy.Environment(initial_time=EPOCH)
         self.rng = random.Random(seed)
+        self.jitter = JitterDraws(tc.jitter_dist, self.rng, seed)
         self.queue: simpy.Store = simpy.Store(self.env)
         self.records = Records()
         self.steady = LinkPhase(0.0, tc.rtt_s, tc.jitter_s, tc.loss_up, tc.loss_down)
@@ -123,7 +125,7 @@ class Twin:
 
     def _one_way(self) -> float:
         phase = self._phase()
-        jitter = self.rng.uniform(-phase.jitter_s, phase.jitter_s) if phase.jitter_s else 0
+        jitter = phase.jitter_s * self.jitter.draw() if phase.jitter_s else 0
         return max(0.0, phase.rtt_s / 2 + jitter)
 
     def _arrives(self, dev: str, direction: Direction) -> bool:
