@@ -7,7 +7,9 @@ the agents' own retry policy says (fixed, or RFC 6298 from the RTTs) for a verdi
 `retries` times more; the verdict accepts n of the k drafts, each
 in turn with the per-token acceptance, and adds n + 1 tokens. With every attempt unanswered
 the round keeps its drafts unverified (fallback) and the device goes offline: it drafts on
-alone, probing the server every `probe_s`, and comes back with the first probe answered.
+alone and, between rounds as the agents do, probes the server once `probe_s` has passed
+since the last probe (or since it went offline), and comes back at the first round's end
+that finds a probe answered.
 With `lookahead` a device drafts on, one step at a time, while it waits for a verdict (the
 agents' `LookAhead`): it reads the verdict once the step in hand ends; the drafts made after
 the first are the next round's when every draft was accepted and the target's next token was
@@ -75,6 +77,22 @@ class Ask:
     refused: bool = False  # the KV pool had no room: `kv_pool_full`
     first_s: float | None = None  # centralized: the end of its first token's step
     last_s: float = 0.0  # and of its latest
+
+
+@dataclass
+class ProbeState:
+    """A SLED device's probing while offline: when it last probed, and when the answers to
+    its probes (those not lost) arrive."""
+
+    last: float = float("-inf")
+    answers: list[float] = field(default_factory=list)
+
+    def offline(self, now: float) -> None:
+        """Gone offline now: the first probe waits `probe_s`, as the agents' does."""
+        self.last, self.answers = now, []
+
+    def answered_by(self, now: float) -> bool:
+        return any(t <= now for t in self.answers)
 
 
 @dataclass
@@ -239,6 +257,7 @@ class Twin:
             retry = AdaptiveTimeout(tc.timeout_s * 1e3, tc.timeout_min_s * 1e3,
                                     tc.timeout_max_s * 1e3)  # fmt: skip
         online, t_first = [True], env.now
+        probes = ProbeState()
         for req in dev.requests:
             t0 = env.now
             fed = req.prompt_tokens - req.cached_tokens  # a prefix shared with the last prompt
@@ -252,6 +271,8 @@ class Twin:
                 draft_s = sum(decode_s(dev.hardware, tc.draft, ctx + i) for i in range(used, k))
                 yield env.timeout(draft_s)
                 got, attempts, t_wait = False, 0, env.now
+                if not online[0]:
+                    online[0] = self._probe(dev.name, probes)
                 if online[0]:
                     # it carries what the server has not cached: the prompt first, then the
                     # last verdict's token, and any tokens kept unverified since
@@ -271,7 +292,7 @@ class Twin:
                             break
                     if not got:
                         online[0] = False
-                        env.process(self._probe(dev.name, online))
+                        probes.offline(env.now)
                 ahead = 0
                 if tc.lookahead and env.now > t_wait:
                     ahead, finish_s = self._drafted_ahead(dev, ctx + k, env.now - t_wait)
@@ -324,14 +345,19 @@ class Twin:
                 return i
         return k
 
-    def _probe(self, dev: str, online: list[bool]) -> Generator:
-        """Offline: a probe every probe_s until one is answered (both ways through)."""
-        while not online[0]:
+    def _probe(self, dev: str, probes: ProbeState) -> bool:
+        """Offline, between two rounds, as the agents' `probe()`: back online if an answer to
+        an earlier probe has arrived; else a new probe when `probe_s` has passed since the
+        last (or since going offline), its answer due a round trip later unless either leg
+        loses it."""
+        now = self.env.now
+        if probes.answered_by(now):
+            return True
+        if now - probes.last >= self.tc.probe_s:
+            probes.last = now
             if self._arrives(dev, "up") and self._arrives(dev, "down"):
-                yield self.env.timeout(self._one_way() + self._one_way())
-                online[0] = True
-                return
-            yield self.env.timeout(self.tc.probe_s)
+                probes.answers.append(now + self._one_way() + self._one_way())
+        return False
 
     # --- centralized -----------------------------------------------------------------------
 
