@@ -22,7 +22,8 @@ of a verification it already verified is answered again without a forward.
 Centralized: each device sends its prompt; the server runs continuous batching (up to
 `max_batch` sequences; one at a time with `max_batch` 1): every forward prefills the newly
 admitted prompts and decodes one token of each running sequence; a finished answer goes back
-whole. A lost request or answer is asked again after `timeout_s`.
+whole. The device sends its request again every timeout until the answer comes, as the
+agents do.
 
 Records are the lab's (`rounds`, `requests`, `hosts`), times in seconds from 0, so every
 figure is computed by the same `ConditionStats` as a lab run's.
@@ -72,8 +73,6 @@ class Ask:
     tokens: int = 0  # centralized: the answer's length
     served: bool = False
     batch: int = 0
-    received: bool = False  # the server has it
-    generated: simpy.Event | None = None  # centralized: its answer is made
     refused: bool = False  # the KV pool had no room: `kv_pool_full`
     first_s: float | None = None  # centralized: the end of its first token's step
     last_s: float = 0.0  # and of its latest
@@ -176,7 +175,6 @@ class Twin:
             self._after(self._one_way(), lambda: self._receive(ask))
 
     def _receive(self, ask: Ask) -> None:
-        ask.received = True
         self.queue.put(ask)
 
     def _send_down(self, ask: Ask) -> None:
@@ -252,10 +250,7 @@ class Twin:
         tc, env = self.tc, self.env
         control = (DraftLengthController(tc.draft_min, tc.draft_max, tc.target_acceptance)
                    if tc.draft_policy == "adaptive" else None)  # fmt: skip
-        retry: AdaptiveTimeout | FixedTimeout = FixedTimeout(tc.timeout_s * 1e3)
-        if tc.timeout_policy == "adaptive":
-            retry = AdaptiveTimeout(tc.timeout_s * 1e3, tc.timeout_min_s * 1e3,
-                                    tc.timeout_max_s * 1e3)  # fmt: skip
+        retry = self._handshake(dev.name)
         online, t_first = [True], env.now
         probes = ProbeState()
         for req in dev.requests:
@@ -359,6 +354,17 @@ class Twin:
                 probes.answers.append(now + self._one_way() + self._one_way())
         return False
 
+    def _handshake(self, dev: str) -> AdaptiveTimeout | FixedTimeout:
+        """The device's retry policy after its HELLO: the agents' adaptive timeout takes the
+        HELLO's round trip as its first sample when the first attempt was answered."""
+        tc = self.tc
+        if tc.timeout_policy != "adaptive":
+            return FixedTimeout(tc.timeout_s * 1e3)
+        retry = AdaptiveTimeout(tc.timeout_s * 1e3, tc.timeout_min_s * 1e3, tc.timeout_max_s * 1e3)
+        if self._arrives(dev, "up") and self._arrives(dev, "down"):
+            retry.observe((self._one_way() + self._one_way()) * 1e3)
+        return retry
+
     # --- centralized -----------------------------------------------------------------------
 
     def _central_server(self) -> Generator:
@@ -386,25 +392,22 @@ class Twin:
             for r in [r for r in running if r[1] <= 0]:
                 running.remove(r)
                 r[0].served, r[0].batch = True, len(batch)
-                if r[0].generated is not None and not r[0].generated.triggered:
-                    r[0].generated.succeed()
                 self._send_down(r[0])
 
     def _central_device(self, dev: TwinDevice) -> Generator:
-        env, tc, t_first = self.env, self.tc, self.env.now
+        env, t_first = self.env, self.env.now
+        retry = self._handshake(dev.name)
         for req in dev.requests:
             t0 = env.now
             ask = Ask(dev.name, Shape(0, req.prompt_tokens), env.event(), tokens=req.answer_tokens)
-            ask.generated = env.event()
             attempts = 0
             while not ask.answer.triggered:
+                # as the agents do: the same GENERATE again every timeout until the RESULT
+                # comes (the server ignores a repeat while it generates and answers one
+                # from its cache once done)
                 attempts += 1
                 self._send_up(ask)
-                yield ask.answer | env.timeout(tc.timeout_s)
-                if not ask.answer.triggered and ask.received:
-                    # the server has it: wait for the answer, asking again if it was lost
-                    yield ask.generated
-                    yield ask.answer | env.timeout(tc.timeout_s + tc.rtt_s)
+                yield ask.answer | env.timeout(retry.timeout_s())
             decode_ms = None if ask.first_s is None else (ask.last_s - ask.first_s) * 1000
             first = {"attempts": attempts, "batch": ask.batch}
             for row in centralized_rounds(dev.name, req.problem, t0, env.now, req.answer_tokens,
