@@ -345,6 +345,11 @@ def test_every_mode_gives_the_targets_greedy_output_at_zero_loss(root_netns, tmp
         assert requests["matches_target"].all(), requests[["dev", "text", "target_text"]]
         want = {"centralized"} if mode == "centralized" else {"verified"}
         assert set(rounds["mode"]) == want, cid
+        if mode == "centralized":  # one round per token, as a stream shows them: TPOT > 0
+            assert (rounds["tokens"] == 1).all() and len(rounds) == requests["tokens"].sum()
+            row = pd.read_parquet(outcome.store.root / "conditions.parquet").set_index(
+                "condition").loc[cid]  # fmt: skip
+            assert row["tpot_p50_ms"] > 0 and row["ttft_p50_ms"] < row["e2e_p50_ms"]
         pacing = pd.read_parquet(cond / "pacing.parquet")  # centralized devices draft nothing
         want_engines = {("server", "target")} | (
             set() if mode == "centralized" else {("dev1", "draft"), ("dev2", "draft")}
