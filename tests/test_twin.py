@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from testbed.bench.twin import device_starts
 from testbed.cli import app
 from testbed.config.playbook import expand, load_playbook
 from testbed.core.errors import BadInputError
@@ -367,3 +368,18 @@ def test_the_twins_jitter_has_the_packet_holders_law(dist):
     assert np.median(got) == pytest.approx(np.median(want), abs=0.03 * j)
     if dist == "pareto":
         assert np.median(got) < -0.25 * j
+
+
+def test_a_device_starts_when_the_lab_started_it(tmp_path):
+    """The lab's agents start one after another: a device given start_s opens its first
+    request that much later, and the bench reads those offsets from a lab run's requests."""
+    tc = condition(devices=2, answer=20)
+    late = dataclasses.replace(tc.devices[1], start_s=1.5)
+    records = Twin(dataclasses.replace(tc, devices=(tc.devices[0], late))).run()
+    first = pd.DataFrame(records.requests).groupby("dev")["t_start"].min()
+    assert first[late.name] - first[tc.devices[0].name] == pytest.approx(1.5, abs=1e-6)
+    pd.DataFrame({"dev": ["a", "a", "b"], "t_start": [10.0, 12.0, 10.4]}).to_parquet(
+        tmp_path / "requests.parquet"
+    )
+    assert device_starts(tmp_path) == pytest.approx({"a": 0.0, "b": 0.4})
+    assert device_starts(tmp_path / "missing") == {}

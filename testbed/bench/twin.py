@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -53,13 +53,28 @@ def link_lead_s(folder: Path) -> float:
     return max(0.0, float(starts.min()) - min(applied)) if applied and len(starts) else 0.0
 
 
+def device_starts(folder: Path) -> dict[str, float]:
+    """Each device's first request, in seconds after the first device's (the runner starts
+    the agents one after another); empty where the lab run does not say."""
+    try:
+        requests = pd.read_parquet(folder / "requests.parquet", columns=["dev", "t_start"])
+    except (OSError, ValueError, KeyError):
+        return {}
+    first = requests.groupby("dev")["t_start"].min()
+    return {str(d): float(t) for d, t in (first - first.min()).items()}
+
+
 def twin_figures(
-    cond, source: str, acceptance: float | None, draws: int = DRAWS, lead: float = 0.0
-) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    cond, source: str, acceptance: float | None, draws: int = DRAWS, lead: float = 0.0,
+    starts: dict[str, float] | None = None,
+) -> tuple[dict[str, float | None], dict[str, float | None]]:  # fmt: skip
     """The twin's figures of one condition through the lab's own ConditionStats: the mean
     over `draws` seeds, and the standard deviation (`lead`: the lab's link steps began that
-    long before its devices)."""
+    long before its devices; `starts`: each device's start after the first's)."""
     tc = twin_condition(cond, source, acceptance, link_lead_s=lead)
+    if starts:
+        devices = tuple(replace(d, start_s=starts.get(d.name, 0.0)) for d in tc.devices)
+        tc = replace(tc, devices=devices)
     rows = [simulated_figures(cond, tc, draw=i) for i in range(draws)]
     frame = pd.DataFrame([{m: r.get(m) for m, _, _ in FIGURES} for r in rows], dtype=float)
     mean, sd = frame.mean(), frame.std(ddof=1) if draws > 1 else frame.mean() * 0
@@ -105,7 +120,9 @@ def validate_runs(runs: list[Path]) -> list[Point]:
             lab = entry.get("metrics") or {}
             alpha = lab.get("acceptance_alpha") if cond.playbook.mode == "sled" else None
             lead = link_lead_s(store.condition_dir(cond.id)) if cond.playbook.link.varies else 0
-            twin, spread = twin_figures(cond, str(store.playbook_path), alpha or 0.8, lead=lead)
+            starts = device_starts(store.condition_dir(cond.id))
+            twin, spread = twin_figures(cond, str(store.playbook_path), alpha or 0.8, lead=lead,
+                                        starts=starts)  # fmt: skip
             points.append(Point(root.name, cond.id, cond.playbook.mode,
                                 int(lab.get("devices") or 0), lab, twin, spread))  # fmt: skip
     return points

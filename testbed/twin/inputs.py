@@ -66,6 +66,7 @@ class TwinDevice:
     host_class: str | None
     hardware: Hardware
     requests: tuple[Request, ...]
+    start_s: float = 0.0  # after the first device's start (the lab's agents start one by one)
 
 
 @dataclass(frozen=True)

@@ -248,6 +248,7 @@ class Twin:
 
     def _sled_device(self, dev: TwinDevice) -> Generator:
         tc, env = self.tc, self.env
+        yield env.timeout(dev.start_s)
         control = (DraftLengthController(tc.draft_min, tc.draft_max, tc.target_acceptance)
                    if tc.draft_policy == "adaptive" else None)  # fmt: skip
         retry = self._handshake(dev.name)
@@ -395,6 +396,7 @@ class Twin:
                 self._send_down(r[0])
 
     def _central_device(self, dev: TwinDevice) -> Generator:
+        yield self.env.timeout(dev.start_s)
         env, t_first = self.env, self.env.now
         retry = self._handshake(dev.name)
         for req in dev.requests:
