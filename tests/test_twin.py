@@ -146,8 +146,7 @@ def test_bad_input_to_the_twin_names_file_and_key(tmp_path):
     queued = tmp_path / "kv.yaml"
     queued.write_text(Path(SEED).read_text().replace("sled:\n", "sled:\n  kv_policy: queue\n", 1))
     (cond, *_) = expand(load_playbook(queued), str(queued))
-    with pytest.raises(BadInputError, match=r"kv\.yaml.*sled\.kv_policy: the twin models refuse"):
-        twin_condition(cond, str(queued), 0.8)
+    assert twin_condition(cond, str(queued), 0.8).kv_policy == "queue"  # the twin takes it
 
 
 def test_the_crossover_is_where_sled_wins_from_then_on():
@@ -312,6 +311,30 @@ def test_a_full_kv_pool_refuses_growth_and_the_refused_fall_back():
     assert refused > 0 and fallback > 0, (refused, fallback)
     assert run(4 * 170) == (0, 0)
     assert run(None) == (0, 0)
+
+
+def test_a_full_kv_pool_queues_what_does_not_fit_under_the_queue_policy():
+    """Room for two sessions of 60 + 30 tokens; two devices start 2 s after the first two and
+    find the pool full. Refuse: their rounds are refused and fall back. Queue: they wait until
+    the first two answer and leave (one verification waits over a second), and none falls
+    back. A wait limit shorter than that refuses again (`kv_queue_timeout`)."""
+
+    def run(policy: str, wait_s: float) -> tuple[int, int, float]:
+        tc = condition(devices=4, answer=30, kv_budget_tokens=200, retries=200)
+        late = tuple(dataclasses.replace(d, start_s=0.0 if i < 2 else 2.0)
+                     for i, d in enumerate(tc.devices))  # fmt: skip
+        tc = dataclasses.replace(tc, devices=late, kv_policy=policy, kv_queue_timeout_s=wait_s)
+        twin = Twin(tc, seed=2)
+        rounds = twin.run().rounds
+        fallback = sum(r["tokens"] for r in rounds if r["mode"] == "fallback")
+        return twin.refusals, fallback, max(r.get("rtt_ms") or 0 for r in rounds)
+
+    refused, fallback, _ = run("refuse", 30)
+    assert refused > 0 and fallback > 0
+    refused, fallback, longest_ms = run("queue", 30)
+    assert (refused, fallback) == (0, 0) and longest_ms > 1000
+    refused, fallback, _ = run("queue", 0.001)
+    assert refused > 0 and fallback > 0
 
 
 def test_a_scheduled_blackout_makes_rounds_fall_back_while_it_lasts(tmp_path):

@@ -104,6 +104,9 @@ class TwinCondition:
     lookahead: int = 0  # greedy drafts a device makes ahead while a verdict is in flight
     kv_budget_tokens: int | None = None  # the server's KV pool (None: no limit)
     idle_s: float = 120.0  # a session idle this long leaves the pool
+    kv_policy: str = "refuse"  # or queue: what does not fit waits, in one line
+    kv_queue_max: int = 64
+    kv_queue_timeout_s: float = 10.0
     link_phases: tuple[LinkPhase, ...] = ()  # a schedule or trace (empty: the link is steady)
     jitter_dist: JitterDist = "uniform"  # the law of every phase's jitter
 
@@ -195,6 +198,8 @@ def twin_condition(
         window_s=s.window_ms / 1e3, lookahead=s.lookahead,
         kv_budget_tokens=kv_budget(pb, where, hardware(topo.server.host_class, "server"), target),
         idle_s=s.idle_s, link_phases=link_phases(pb.link, link_lead_s),
+        kv_policy=s.kv_policy, kv_queue_max=s.kv_queue_max,
+        kv_queue_timeout_s=s.kv_queue_timeout_s,
         jitter_dist=pb.link.jitter_dist,
     )  # fmt: skip
 
@@ -221,10 +226,8 @@ Encode = Callable[[str], tuple[int, ...]]
 def kv_budget(pb: Playbook, where: str, server: Hardware, target: ModelShape) -> int:
     """The server's KV pool in cached tokens: `sled.kv_cache_tokens`, else what the stood-for
     server's memory holds beside the stood-for target's weights (the catalogue's figures);
-    BadInputError where the twin cannot take the pool's policy or the weights do not fit."""
+    BadInputError where the weights do not fit."""
     s = pb.sled
-    if s.kv_policy != "refuse":
-        raise BadInputError(f"{where}: sled.kv_policy: the twin models refuse, not {s.kv_policy}")
     if s.kv_cache_tokens is not None:
         return s.kv_cache_tokens
     free = server.memory_bytes - target.weight_bytes

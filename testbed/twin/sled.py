@@ -128,6 +128,7 @@ class Twin:
         # device -> (tokens its session holds, last use), in order of last use
         self.kv: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self.kv_total = 0  # tokens every session holds together
+        self.kv_wait: OrderedDict[str, tuple[Ask, float]] = OrderedDict()  # queue policy
         self.refusals = 0
 
     # --- the link --------------------------------------------------------------------------
@@ -200,7 +201,7 @@ class Twin:
                     self._send_down(ask)
                 else:
                     fresh.setdefault(id(ask), ask)
-            fresh = [a for a in fresh.values() if self._admitted(a)]
+            fresh = self._admitted(list(fresh.values()))
             groups = plan_groups([a.shape for a in fresh], tc.batch_strategy, tc.max_batch)  # type: ignore[arg-type]
             for group in groups:
                 asks = [fresh[i] for i in group]
@@ -210,24 +211,57 @@ class Twin:
                     a.served, a.batch = True, len(asks)
                     self._send_down(a)
 
-    def _admitted(self, ask: Ask) -> bool:
-        """Whether the KV pool takes `ask`'s session at its new length (the agents' refuse
-        policy: sessions idle past `idle_s` leave first; one that still does not fit is
-        answered `kv_pool_full`). A session keeps what it holds: only growth is refused."""
+    def _admitted(self, arrived: list[Ask]) -> list[Ask]:
+        """What the KV pool takes of the queued (oldest first), then the arrived verifications,
+        as the agents' server admits them. Refuse policy: one that does not fit is answered
+        `kv_pool_full`. Queue policy: it waits in one line (at most `kv_queue_max`, each for
+        `kv_queue_timeout_s`, then `kv_queue_timeout`), and once one waits, new sessions line
+        up behind it; a repeat of a waiting one keeps its place."""
+        tc, now = self.tc, self.env.now
+        for dev, (ask, since) in list(self.kv_wait.items()):
+            if now - since > tc.kv_queue_timeout_s:
+                del self.kv_wait[dev]
+                self._refuse(ask)
+        for a in arrived:  # a device's newer verification takes its waiting one's place
+            if a.dev in self.kv_wait and self.kv_wait[a.dev][0] is not a:
+                self.kv_wait[a.dev] = (a, now)
+        queued = [ask for ask, _ in self.kv_wait.values()]
+        candidates = queued + [a for a in arrived if a.dev not in self.kv_wait]
+        admitted, waiting = [], False
+        for ask in candidates:
+            opening = ask.dev not in self.kv
+            if not (waiting and opening) and self._fits(ask):
+                self.kv_wait.pop(ask.dev, None)
+                admitted.append(ask)
+            elif tc.kv_policy == "queue" and (
+                ask.dev in self.kv_wait or len(self.kv_wait) < tc.kv_queue_max
+            ):
+                self.kv_wait.setdefault(ask.dev, (ask, now))
+                waiting = True
+            else:
+                self._refuse(ask)
+        return admitted
+
+    def _refuse(self, ask: Ask) -> None:
+        self.refusals += 1
+        ask.refused = True
+        self._send_down(ask)
+
+    def _fits(self, ask: Ask) -> bool:
+        """Whether the pool takes `ask`'s session at its new length (sessions idle past
+        `idle_s` leave first, the longest idle first); if so it is booked. A session keeps
+        what it holds: only growth can fail."""
         budget, now = self.tc.kv_budget_tokens, self.env.now
         need = ask.shape.past + ask.shape.new
         if budget is None:
             return True
         held = self.kv.get(ask.dev, (0, now))[0]
-        while self.kv_total - held + need > budget and self.kv:  # the longest idle first
+        while self.kv_total - held + need > budget and self.kv:
             dev, (_, last) = next(iter(self.kv.items()))
             if dev == ask.dev or now - last <= self.tc.idle_s:
                 break
             self._leave(dev)
         if self.kv_total - held + need > budget and need > held:
-            self.refusals += 1
-            ask.refused = True
-            self._send_down(ask)
             return False
         self.kv_total += need - held
         self.kv[ask.dev] = (need, now)
