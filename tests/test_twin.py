@@ -157,6 +157,42 @@ def test_the_crossover_is_where_sled_wins_from_then_on():
     assert crossover([1, 2], [1, 1], [2, 2]) is None
 
 
+def test_the_crossover_figure_overlays_the_labs_validation_points(tmp_path):
+    """A simulated run's crossover figure carries, as points, the done SLED and centralized
+    conditions of the lab's validation runs beside it (loss up to 5 %); a simulated run of
+    that name is not the lab's and adds none."""
+    import json
+    import shutil
+
+    from testbed.report.figures import where_sled_wins
+    from testbed.twin.run import simulate
+
+    book = tmp_path / "cross.yaml"
+    book.write_text(
+        "name: cross\nmode: sled\ntopology: topologies/seed-pi5-a100x4.yaml\n"
+        "models: {draft_as: llama-3.2-1b@q4_0, target_as: llama-3.1-8b@bf16}\n"
+        "workload: {kind: arithmetic, problems_per_device: 1, seed: 11, max_new_tokens: 16}\n"
+        "link: {rtt_ms: 85}\nsweep:\n  mode: [sled, centralized]\n  lab.devices: [1, 2]\n"
+    )
+    results = tmp_path / "results"
+    store = simulate(book, results, acceptance=0.8, say=lambda _m: None)
+    before = where_sled_wins(load_run(store.root))
+    lab = results / "twin-validation-20990101-000000"
+    shutil.copytree(store.root, lab)
+    (results / "twin-validation-20990101-000001").mkdir()  # not a run: skipped
+    after = where_sled_wins(load_run(store.root))
+    assert [s.name for s in after.series] == [s.name for s in before.series]  # still simulated
+    manifest = json.loads((lab / "manifest.json").read_text())
+    (lab / "manifest.json").write_text(json.dumps(manifest | {"simulated": False}))
+    after = where_sled_wins(load_run(store.root))
+    points = [s for s in after.series if s.style == "points"]
+    assert {s.name for s in points} == {
+        f"lab {m}: llama-3.1-8b, loss 0 ({lab.name})" for m in ("sled", "centralized")
+    }
+    assert all(s.x == [1.0, 2.0] and all(v > 0 for v in s.y) for s in points)
+    assert "the lab's validation runs (2 series)" in after.note
+
+
 def faked_lab(server_tok_s: float):
     """A stand-in for the lab's probe runs: `server_tok_s` verified tok/s shared by the
     devices (the confirmation's verdict is then known beforehand)."""

@@ -13,6 +13,7 @@ from pandas.api.typing import DataFrameGroupBy
 from testbed.core.stats import mean_ci
 from testbed.report.charts import Chart, RefLine, Series, Skipped
 from testbed.report.data import RunData
+from testbed.report.lab_overlay import lab_points
 
 Figure = Chart | Skipped
 WINDOW = 20  # rounds per point of the over-time curves
@@ -189,6 +190,11 @@ def where_sled_wins(run: RunData) -> Figure:
         notes.append(f"{label or 'all'}: " + (f"SLED wins from {at:g} devices" if at is not None
                                                else "centralized wins at every count"))  # fmt: skip
     simulated = " (simulated by the twin)" if run.manifest.get("simulated") else ""
+    if simulated:
+        overlay = lab_points(run.root.parent)
+        series += overlay
+        if overlay:
+            notes.append(f"points: the lab's validation runs ({len(overlay)} series), loss <= 5 %")
     return Chart(key, title + simulated, "devices", "system verified tokens/s", series,
                  note="; ".join(notes))  # fmt: skip
 
