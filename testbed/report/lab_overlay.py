@@ -35,8 +35,9 @@ def lab_points(results: Path) -> list[Series]:
             continue
         models = (run.manifest.get("playbook") or {}).get("models") or {}
         target = str(models.get("target_as", "?")).split("@")[0]
-        df = df[df["mode"].isin(["sled", "centralized"]) & (df["loss"].fillna(0) <= MAX_LOSS)]
-        for (mode, loss), part in df.groupby(["mode", df["loss"].fillna(0)]):
+        df = df.assign(loss=df["loss"].fillna(0))
+        df = df[df["mode"].isin(["sled", "centralized"]) & (df["loss"] <= MAX_LOSS)]
+        for (mode, loss), part in df.groupby(["mode", "loss"]):
             part = part.sort_values("devices")
             label = f"lab {mode}: {target}, loss {loss:g} ({run.name})"
             series.append(Series(label, [float(n) for n in part["devices"]],
