@@ -74,7 +74,9 @@ def _record(cls: type, data: Any, where: str) -> Any:
         if name not in data:
             continue
         value = data[name]
-        if name == "name":
+        if value is None and "None" in str(f.type):
+            pass  # an optional figure left unset
+        elif name == "name":
             if not isinstance(value, str):
                 raise EmulationError(f"{where}.name: expected a string")
         elif f.type == "bool":

@@ -5,7 +5,9 @@ cached, on `tp` devices sharing the model by tensor parallelism, costs (in the m
 Vidur and LLM-Viewer):
 
     matmul    = params - idle_params - [untied] vocab x hidden  (the input embedding: a lookup)
-    bytes     = (matmul x bytes_per_param + kv_bytes_per_token x sum(context + new)) / tp
+    bytes     = ((matmul - head) x bytes_per_param + head x head_bytes_per_param
+                 + kv_bytes_per_token x sum(context + new)) / tp
+                                      (head = vocab x hidden, the output head's matrix)
     attention = sum over sequences of
                 4 x layers x heads x head_dim x new x (context + (new + 1) / 2)
     t_mem     = bytes / (bandwidth x bw_efficiency)
@@ -98,11 +100,26 @@ class ModelShape(Record):
     bytes_per_param: float  # of the weight format (q4_0 4.5 bits: 0.5625)
     tied_embeddings: bool = False
     idle_params: float = 0.0  # held in memory, not run by a text-only forward
+    # the output head's matrix as the format's files store it (a Q4_0 GGUF keeps it at Q6_K,
+    # 6.5625 bits: 0.8203); None: the format's bytes_per_param
+    head_bytes_per_param: float | None = None
+
+    @property
+    def head_params(self) -> float:
+        """The output head's matrix (tied embeddings: the token embedding too)."""
+        return self.vocab * self.hidden
+
+    @property
+    def head_extra_bytes(self) -> float:
+        """Bytes the head takes beyond what the format's bytes_per_param would give it."""
+        if self.head_bytes_per_param is None:
+            return 0.0
+        return self.head_params * (self.head_bytes_per_param - self.bytes_per_param)
 
     @property
     def weight_bytes(self) -> float:
         """Bytes the weights take in memory."""
-        return self.params * self.bytes_per_param
+        return self.params * self.bytes_per_param + self.head_extra_bytes
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -118,8 +135,8 @@ class ModelShape(Record):
 
     @property
     def streamed_bytes(self) -> float:
-        """Weight bytes one forward reads: its matrices, once."""
-        return self.matmul_params * self.bytes_per_param
+        """Weight bytes one forward reads: its matrices (the head at its own format), once."""
+        return self.matmul_params * self.bytes_per_param + self.head_extra_bytes
 
 
 Batch = Sequence[tuple[int, int]]

@@ -38,6 +38,7 @@ from testbed.topo.catalogue import (
     PublishedFile,
     effective_bits,
     load_catalogue,
+    model_bits,
 )
 
 GOAL = 0.15  # every calibration point within 15 %
@@ -304,7 +305,7 @@ class FileCheck:
 
     format: str
     file: PublishedFile
-    bits: float  # the catalogue's, used by the cost model
+    bits: float  # what the cost model gives this model in the format (`model_bits`)
     effective: float  # bytes x 8 / the model's parameters
 
     @property
@@ -333,7 +334,7 @@ class FileCheck:
 def file_checks(cat: Catalogue) -> list[FileCheck]:
     """Every published file of every format against the format's bits."""
     return [
-        FileCheck(name, f, fmt.bits, effective_bits(cat.spec, f))
+        FileCheck(name, f, model_bits(cat.spec, fmt, f.model), effective_bits(cat.spec, f))
         for name, fmt in cat.spec.formats.items()
         for f in fmt.files
     ]
@@ -341,13 +342,13 @@ def file_checks(cat: Catalogue) -> list[FileCheck]:
 
 def files_table(checks: list[FileCheck]) -> str:
     head = (
-        f"{'format':<8} {'model':<16} {'file bytes':>14} {'bits':>6} {'file bits':>9} "
+        f"{'format':<8} {'model':<16} {'file bytes':>14} {'model bits':>10} {'file bits':>9} "
         f"{'error':>7} {'<=5%':>4}  source"
     )
     lines = [head]
     for c in checks:
         lines.append(
-            f"{c.format:<8} {c.file.model:<16} {c.file.bytes:>14,} {c.bits:>6.3g} "
+            f"{c.format:<8} {c.file.model:<16} {c.file.bytes:>14,} {c.bits:>10.3f} "
             f"{c.effective:>9.3f} {c.error:>+7.1%} {'yes' if c.within else 'NO':>4}  "
             f"{c.file.source}"
         )

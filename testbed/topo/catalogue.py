@@ -50,12 +50,19 @@ class PublishedFile(_Strict):
 
 class WeightFormat(_Strict):
     bits: float = Field(gt=0, le=64)  # per weight, scales included
+    # the output head's matrix (or the tied token embedding) as the format's files keep it,
+    # where they keep it apart (llama.cpp's Q4_0: Q6_K); unset: `bits`
+    head_bits: float | None = Field(None, gt=0, le=64)
     source: str
     files: list[PublishedFile] = []  # published files in this format (a check of `bits`)
 
     @property
     def bytes_per_param(self) -> float:
         return self.bits / 8
+
+    @property
+    def head_bytes_per_param(self) -> float | None:
+        return None if self.head_bits is None else self.head_bits / 8
 
 
 class ModelEntry(_Strict):
@@ -217,6 +224,15 @@ def effective_bits(spec: CatalogueFile, file: PublishedFile) -> float:
     return file.bytes * 8 / spec.models[file.model].params
 
 
+def model_bits(spec: CatalogueFile, fmt: WeightFormat, model: str) -> float:
+    """Bits per parameter the cost model gives `model` in `fmt`: the format's bits, the
+    output head's matrix at its `head_bits` where the format sets them."""
+    m = spec.models[model]
+    head = m.vocab * m.hidden
+    head_bits = fmt.bits if fmt.head_bits is None else fmt.head_bits
+    return (fmt.bits * (m.params - head) + head_bits * head) / m.params
+
+
 def llama_params(m: ModelEntry) -> int:
     """Parameters of a plain Llama decoder of m's shape (embeddings, layers, norms, head)."""
     attention = m.hidden * m.heads * m.head_dim * 2 + m.hidden * m.kv_heads * m.head_dim * 2
@@ -274,7 +290,12 @@ class Catalogue:
         except ValueError as exc:
             raise BadInputError(str(exc)) from None
         shape = shared_fields(ModelShape, m)
-        return ModelShape(name=ref, bytes_per_param=fmt.bytes_per_param, **shape)
+        return ModelShape(
+            name=ref,
+            bytes_per_param=fmt.bytes_per_param,
+            head_bytes_per_param=fmt.head_bytes_per_param,
+            **shape,
+        )
 
     def check_fits(self, hw_name: str, refs: list[str], source: str, kv_tokens: int = 0) -> None:
         """BadInputError unless the weights of `refs` (and `kv_tokens` tokens of KV cache for
