@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from testbed.bench.twin import device_starts
+from testbed.bench.twin import device_starts, lab_compute, with_lab_compute
 from testbed.cli import app
 from testbed.config.playbook import expand, load_playbook
 from testbed.core.errors import BadInputError
@@ -442,3 +442,30 @@ def test_a_device_starts_when_the_lab_started_it(tmp_path):
     )
     assert device_starts(tmp_path) == pytest.approx({"a": 0.0, "b": 0.4})
     assert device_starts(tmp_path / "missing") == {}
+
+
+def test_a_lab_points_twin_runs_on_the_compute_the_lab_paced(tmp_path):
+    """The bench gives the twin the hardware and model shapes a lab run's hosts were paced
+    with (their emulation files), not the catalogue of the day: a device recorded at half the
+    bandwidth drafts slower in the twin; a missing or broken file leaves the catalogue's."""
+    import json
+
+    tc = condition(devices=2, answer=40)
+    slow = dataclasses.replace(tc.devices[0].hardware, bandwidth_gbs=8.55)
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    emulation = {"hardware": slow.as_dict(), "models": {"draft": tc.draft.as_dict()}}
+    (inputs / "dev0.emulation.json").write_text(json.dumps(emulation))
+    (inputs / "dev1.emulation.json").write_text("{not json")
+    compute = lab_compute(tmp_path)
+    assert set(compute.hardware) == {"dev0"} and compute.models["draft"] == tc.draft
+    ran = with_lab_compute(tc, compute)
+    assert ran.devices[0].hardware == slow and ran.devices[1].hardware == tc.devices[1].hardware
+    assert ran.server == tc.server and ran.target == tc.target
+
+    def tpot(t: TwinCondition, dev: str) -> float:
+        rounds = [r for r in verified_rounds(t) if r["dev"] == dev]
+        return sum(r["t_end"] - r["t_start"] for r in rounds) / sum(r["tokens"] for r in rounds)
+
+    assert tpot(ran, "dev0") > 1.3 * tpot(tc, "dev0")
+    assert lab_compute(tmp_path / "missing").hardware == {}

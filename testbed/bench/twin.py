@@ -1,7 +1,9 @@
 """The twin against the lab, and at fleet scale.
 
 `validate_runs`: for every done condition of lab run folders, the twin runs the same
-condition (the run's saved playbook) with the per-token acceptance the lab measured, `DRAWS`
+condition (the run's saved playbook) with the per-token acceptance the lab measured and the
+hardware and model shapes its hosts were paced with (`lab_compute`: the condition's
+`inputs/<host>.emulation.json`, so a later catalogue does not move an old run's point), `DRAWS`
 times, and each figure's mean (± its standard deviation) is set beside the lab's with its
 error: system verified tok/s, TPOT p50 and p90, TTFT
 p50, fallback share (goal: throughput and TPOT p50 within 5 %, p90 within 10 %).
@@ -20,9 +22,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from agents.emulation.settings import EmulationError, parse_emulation
+from agents.emulation.stepcost import Hardware, ModelShape
 from testbed.config.playbook import expand, load_playbook
 from testbed.results.store import RunStore
-from testbed.twin.inputs import twin_condition
+from testbed.twin.inputs import TwinCondition, twin_condition
 from testbed.twin.run import simulated_figures, twin_seed
 from testbed.twin.sled import Twin
 
@@ -64,14 +68,55 @@ def device_starts(folder: Path) -> dict[str, float]:
     return {str(d): float(t) for d, t in (first - first.min()).items()}
 
 
+@dataclass(frozen=True)
+class LabCompute:
+    """The compute a lab condition's hosts were paced as (their emulation files)."""
+
+    hardware: dict[str, Hardware]  # host name -> hardware
+    models: dict[str, ModelShape]  # role (draft, target) -> shape
+
+
+def lab_compute(folder: Path) -> LabCompute:
+    """The hardware and model shapes of `folder/inputs/<host>.emulation.json`; empty where
+    a file is missing or unreadable (the catalogue's then stand)."""
+    hardware: dict[str, Hardware] = {}
+    models: dict[str, ModelShape] = {}
+    for path in sorted((folder / "inputs").glob("*.emulation.json")):
+        try:
+            emulation = parse_emulation(json.loads(path.read_text()), str(path))
+        except (OSError, ValueError, EmulationError):
+            continue
+        if emulation.hardware is not None:
+            hardware[path.name.removesuffix(".emulation.json")] = emulation.hardware
+        models.update(emulation.models)
+    return LabCompute(hardware, models)
+
+
+def with_lab_compute(tc: TwinCondition, compute: LabCompute) -> TwinCondition:
+    """tc with the lab's hardware per host and its model shapes, where the lab recorded them."""
+    devices = tuple(
+        replace(d, hardware=compute.hardware.get(d.name, d.hardware)) for d in tc.devices
+    )
+    return replace(
+        tc,
+        devices=devices,
+        server=compute.hardware.get("server", tc.server),
+        draft=compute.models.get("draft", tc.draft),
+        target=compute.models.get("target", tc.target),
+    )
+
+
 def twin_figures(
     cond, source: str, acceptance: float | None, draws: int = DRAWS, lead: float = 0.0,
-    starts: dict[str, float] | None = None,
+    starts: dict[str, float] | None = None, compute: LabCompute | None = None,
 ) -> tuple[dict[str, float | None], dict[str, float | None]]:  # fmt: skip
     """The twin's figures of one condition through the lab's own ConditionStats: the mean
     over `draws` seeds, and the standard deviation (`lead`: the lab's link steps began that
-    long before its devices; `starts`: each device's start after the first's)."""
+    long before its devices; `starts`: each device's start after the first's; `compute`: the
+    lab's hosts' hardware and models in place of the catalogue's)."""
     tc = twin_condition(cond, source, acceptance, link_lead_s=lead)
+    if compute is not None:
+        tc = with_lab_compute(tc, compute)
     if starts:
         devices = tuple(replace(d, start_s=starts.get(d.name, 0.0)) for d in tc.devices)
         tc = replace(tc, devices=devices)
@@ -120,9 +165,10 @@ def validate_runs(runs: list[Path]) -> list[Point]:
             lab = entry.get("metrics") or {}
             alpha = lab.get("acceptance_alpha") if cond.playbook.mode == "sled" else None
             lead = link_lead_s(store.condition_dir(cond.id)) if cond.playbook.link.varies else 0
-            starts = device_starts(store.condition_dir(cond.id))
+            folder = store.condition_dir(cond.id)
             twin, spread = twin_figures(cond, str(store.playbook_path), alpha or 0.8, lead=lead,
-                                        starts=starts)  # fmt: skip
+                                        starts=device_starts(folder),
+                                        compute=lab_compute(folder))  # fmt: skip
             points.append(Point(root.name, cond.id, cond.playbook.mode,
                                 int(lab.get("devices") or 0), lab, twin, spread))  # fmt: skip
     return points
