@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from testbed.bench.twin import device_starts, lab_compute, with_lab_compute
+from testbed.bench.twin import acceptance_profile, device_starts, lab_compute, with_lab_compute
 from testbed.cli import app
 from testbed.config.playbook import expand, load_playbook
 from testbed.core.errors import BadInputError
@@ -67,6 +67,39 @@ def test_tokens_a_round_fail_with_acceptance_ignored(monkeypatch):
     monkeypatch.setattr(Twin, "_accepted", lambda self, k: k)
     got = tokens_a_round(condition(acceptance=0.8, devices=8, answer=2000))
     assert got != pytest.approx((1 - 0.8**5) / 0.2, rel=0.03)
+
+
+def test_tokens_a_round_follow_the_acceptance_by_position():
+    """A lab's tiny pair accepts a round's first draft more often than its fourth: with a
+    profile, a round's tokens are 1 + sum over i of p1 x ... x pi (the flat closed form at
+    the same per-token rate misses it), and the look-ahead's bet takes the last position's."""
+    profile = (0.9, 0.85, 0.78, 0.8)
+    want, reach = 1.0, 1.0
+    for p in profile:
+        reach *= p
+        want += reach
+    tc = condition(acceptance=0.83, devices=8, answer=2000, acceptance_by_position=profile)
+    got = tokens_a_round(tc)
+    assert got == pytest.approx(want, rel=0.03), (got, want)
+    flat = (1 - 0.83**5) / (1 - 0.83)
+    assert abs(want - flat) / flat > 0.04  # the two forms differ by more than the tolerance
+    assert tc.acceptance_at(0) == 0.9 and tc.acceptance_at(4) == tc.acceptance_at(9) == 0.8
+    assert condition(acceptance=0.83).acceptance_at(3) == 0.83
+
+
+def test_the_acceptance_profile_is_measured_from_a_labs_rounds():
+    rounds = pd.DataFrame({
+        "mode": ["verified"] * 40 + ["fallback"],
+        "drafted": [4] * 41,
+        "accepted": [0] * 4 + [2] * 16 + [4] * 20 + [0],
+        "lookahead_drafted": [4] * 41,
+        "lookahead_kept": [0] * 20 + [3] * 15 + [0] * 6,
+    })  # fmt: skip
+    profile = acceptance_profile(rounds)
+    # position 1: 36 of 40 accepted; 2: 36 of 36; 3: 20 of 36; 4: 20 of 20 (reached by 20,
+    # under the 30 a position needs: the profile stops at 3 and the bet is not added)
+    assert profile == pytest.approx((0.9, 1.0, 20 / 36))
+    assert acceptance_profile(pd.DataFrame({"mode": []})) == ()
 
 
 def centralized_rate(tc: TwinCondition, step_s: float, monkeypatch) -> float:

@@ -1,12 +1,13 @@
 """The twin against the lab, and at fleet scale.
 
 `validate_runs`: for every done condition of lab run folders, the twin runs the same
-condition (the run's saved playbook) with the per-token acceptance the lab measured and the
-hardware and model shapes its hosts were paced with (`lab_compute`: the condition's
-`inputs/<host>.emulation.json`, so a later catalogue does not move an old run's point), `DRAWS`
-times, and each figure's mean (± its standard deviation) is set beside the lab's with its
-error: system verified tok/s, TPOT p50 and p90, TTFT
-p50, fallback share (goal: throughput and TPOT p50 within 5 %, p90 within 10 %).
+condition (the run's saved playbook) with the acceptance the lab measured at each position of
+a round (`acceptance_profile`: the tiny pair accepts a round's first draft more often than its
+fourth) and the hardware and model shapes its hosts were paced with (`lab_compute`: the
+condition's `inputs/<host>.emulation.json`, so a later catalogue does not move an old run's
+point), `DRAWS` times, and each figure's mean (± its standard deviation) is set beside the
+lab's with its error: system verified tok/s, TPOT p50 and p90, TTFT p50, fallback share
+(goal: throughput and TPOT p50 within 5 %, p90 within 10 %).
 
 `fleet_scale`: one condition of a playbook with N devices through the twin: wall seconds,
 simulated seconds, devices per wall second of simulation and the process's peak memory.
@@ -106,15 +107,46 @@ def with_lab_compute(tc: TwinCondition, compute: LabCompute) -> TwinCondition:
     )
 
 
+POSITIONS_MIN_ROUNDS = 30
+"""Rounds that must reach a position for its measured acceptance to stand; later positions
+take the last that did."""
+
+
+def acceptance_profile(rounds: pd.DataFrame) -> tuple[float, ...]:
+    """The acceptance at each position of a lab condition's verified rounds, given the drafts
+    before it were accepted (positions reached by `POSITIONS_MIN_ROUNDS` rounds or more), and
+    after them the look-ahead's bet: the target's next token the draft's own, in rounds that
+    accepted every draft with two or more drafted ahead. Empty where nothing was verified."""
+    need = {"mode", "drafted", "accepted"}
+    if not need <= set(rounds.columns):
+        return ()
+    v = rounds[rounds["mode"] == "verified"]
+    drafted, accepted = v["drafted"].to_numpy(), v["accepted"].to_numpy()
+    profile: list[float] = []
+    for i in range(int(drafted.max()) if len(v) else 0):
+        reached = (drafted > i) & (accepted >= i)
+        if reached.sum() < POSITIONS_MIN_ROUNDS:
+            break
+        profile.append(float((accepted[reached] > i).mean()))
+    if profile and {"lookahead_drafted", "lookahead_kept"} <= set(v.columns):
+        bets = v[(v["accepted"] == v["drafted"]) & (v["lookahead_drafted"] >= 2)]
+        if len(bets) >= POSITIONS_MIN_ROUNDS:
+            profile.append(float((bets["lookahead_kept"] > 0).mean()))
+    return tuple(profile)
+
+
 def twin_figures(
     cond, source: str, acceptance: float | None, draws: int = DRAWS, lead: float = 0.0,
     starts: dict[str, float] | None = None, compute: LabCompute | None = None,
+    profile: tuple[float, ...] = (),
 ) -> tuple[dict[str, float | None], dict[str, float | None]]:  # fmt: skip
     """The twin's figures of one condition through the lab's own ConditionStats: the mean
     over `draws` seeds, and the standard deviation (`lead`: the lab's link steps began that
     long before its devices; `starts`: each device's start after the first's; `compute`: the
-    lab's hosts' hardware and models in place of the catalogue's)."""
+    lab's hosts' hardware and models in place of the catalogue's; `profile`: the acceptance
+    by position in a round)."""
     tc = twin_condition(cond, source, acceptance, link_lead_s=lead)
+    tc = replace(tc, acceptance_by_position=profile)
     if compute is not None:
         tc = with_lab_compute(tc, compute)
     if starts:
@@ -151,6 +183,14 @@ class Point:
         return abs(a - b) <= sd
 
 
+def lab_profile(folder: Path) -> tuple[float, ...]:
+    """`acceptance_profile` of a lab condition's rounds; empty where they are unreadable."""
+    try:
+        return acceptance_profile(pd.read_parquet(folder / "rounds.parquet"))
+    except (OSError, ValueError):
+        return ()
+
+
 def validate_runs(runs: list[Path]) -> list[Point]:
     """Every done SLED or centralized condition of the runs, twin beside lab."""
     points = []
@@ -168,7 +208,8 @@ def validate_runs(runs: list[Path]) -> list[Point]:
             folder = store.condition_dir(cond.id)
             twin, spread = twin_figures(cond, str(store.playbook_path), alpha or 0.8, lead=lead,
                                         starts=device_starts(folder),
-                                        compute=lab_compute(folder))  # fmt: skip
+                                        compute=lab_compute(folder),
+                                        profile=lab_profile(folder))  # fmt: skip
             points.append(Point(root.name, cond.id, cond.playbook.mode,
                                 int(lab.get("devices") or 0), lab, twin, spread))  # fmt: skip
     return points

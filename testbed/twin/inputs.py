@@ -109,6 +109,18 @@ class TwinCondition:
     kv_queue_timeout_s: float = 10.0
     link_phases: tuple[LinkPhase, ...] = ()  # a schedule or trace (empty: the link is steady)
     jitter_dist: JitterDist = "uniform"  # the law of every phase's jitter
+    # the chance a draft is accepted at each position of a round (1st, 2nd, ...), given
+    # those before it were; the last stands for every later position, the look-ahead's bet
+    # included (empty: `acceptance` at every position, independent tokens)
+    acceptance_by_position: tuple[float, ...] = ()
+
+    def acceptance_at(self, position: int) -> float:
+        """The chance the draft at `position` (0: the round's first) is accepted, given
+        those before it were."""
+        profile = self.acceptance_by_position
+        if not profile:
+            return self.acceptance
+        return profile[min(position, len(profile) - 1)]
 
 
 def link_phases(link: LinkProfile, lead_s: float) -> tuple[LinkPhase, ...]:

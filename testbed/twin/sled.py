@@ -334,7 +334,7 @@ class Twin:
                 if got:
                     accepted = self._accepted(k)
                     # the bet: every draft accepted and the target's next token the draft's own
-                    if accepted == k and ahead and self.rng.random() < tc.acceptance:
+                    if accepted == k and ahead and self.rng.random() < tc.acceptance_at(k):
                         carry = ahead - 1
                     tokens = min(accepted + 1, req.answer_tokens - done)
                     verified += tokens
@@ -369,9 +369,9 @@ class Twin:
         return self.tc.lookahead, 0.0
 
     def _accepted(self, k: int) -> int:
-        """Drafts accepted in turn, each with the per-token acceptance, up to the first miss."""
+        """Drafts accepted in turn, each with its position's acceptance, up to the first miss."""
         for i in range(k):
-            if self.rng.random() >= self.tc.acceptance:
+            if self.rng.random() >= self.tc.acceptance_at(i):
                 return i
         return k
 
