@@ -22,6 +22,7 @@ from testbed.report.summary import summary_markdown
 from testbed.topo.catalogue import load_catalogue
 from testbed.twin import sled as twin_sled
 from testbed.twin.inputs import Request, TwinCondition, TwinDevice, twin_condition
+from testbed.twin.measured import measured_acceptance
 from testbed.twin.sled import Twin
 
 SEED = "experiments/seed-sled-vs-centralized.yaml"
@@ -165,6 +166,23 @@ def test_simulate_writes_a_run_the_report_reads_marked_simulated(tmp_path):
     assert all(v > 0 for v in sled) and min(central) > max(sled)  # batching wins at 16 Pi 5s
     assert "**simulated** by the twin" in summary_markdown(data, [])
     assert set(data.conditions["backend"]) == {"twin"}
+    # a run's measured acceptance feeds the next simulation (--acceptance-from)
+    measured = measured_acceptance(run)
+    assert measured.per_token == pytest.approx(0.83, abs=0.02)
+    assert len(measured.profile) >= 4 and measured.profile[0] == pytest.approx(0.83, abs=0.03)
+    one = tmp_path / "one.yaml"
+    one.write_text(Path(SEED).read_text().split("\nsweep:")[0] + "\n")
+    again = CliRunner().invoke(app, ["simulate", str(one), "--out", str(tmp_path / "again"),
+                                     "--acceptance-from", str(run)])  # fmt: skip
+    assert again.exit_code == 0, again.output
+    (second,) = (tmp_path / "again").iterdir()
+    sources = set(load_run(second).conditions["acceptance_as_source"])
+    assert sources == {measured.source} and run.name in measured.source
+    both = CliRunner().invoke(app, ["simulate", str(one), "--acceptance", "0.8",
+                                    "--acceptance-from", str(run)])  # fmt: skip
+    assert both.exit_code == 2 and "--acceptance-from" in both.output
+    empty = CliRunner().invoke(app, ["simulate", str(one), "--acceptance-from", str(tmp_path)])
+    assert empty.exit_code == 2 and str(tmp_path) in empty.output
 
 
 def test_bad_input_to_the_twin_names_file_and_key(tmp_path):

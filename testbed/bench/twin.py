@@ -28,6 +28,7 @@ from agents.emulation.stepcost import Hardware, ModelShape
 from testbed.config.playbook import expand, load_playbook
 from testbed.results.store import RunStore
 from testbed.twin.inputs import TwinCondition, twin_condition
+from testbed.twin.measured import acceptance_profile
 from testbed.twin.run import simulated_figures, twin_seed
 from testbed.twin.sled import Twin
 
@@ -105,34 +106,6 @@ def with_lab_compute(tc: TwinCondition, compute: LabCompute) -> TwinCondition:
         draft=compute.models.get("draft", tc.draft),
         target=compute.models.get("target", tc.target),
     )
-
-
-POSITIONS_MIN_ROUNDS = 30
-"""Rounds that must reach a position for its measured acceptance to stand; later positions
-take the last that did."""
-
-
-def acceptance_profile(rounds: pd.DataFrame) -> tuple[float, ...]:
-    """The acceptance at each position of a lab condition's verified rounds, given the drafts
-    before it were accepted (positions reached by `POSITIONS_MIN_ROUNDS` rounds or more), and
-    after them the look-ahead's bet: the target's next token the draft's own, in rounds that
-    accepted every draft with two or more drafted ahead. Empty where nothing was verified."""
-    need = {"mode", "drafted", "accepted"}
-    if not need <= set(rounds.columns):
-        return ()
-    v = rounds[rounds["mode"] == "verified"]
-    drafted, accepted = v["drafted"].to_numpy(), v["accepted"].to_numpy()
-    profile: list[float] = []
-    for i in range(int(drafted.max()) if len(v) else 0):
-        reached = (drafted > i) & (accepted >= i)
-        if reached.sum() < POSITIONS_MIN_ROUNDS:
-            break
-        profile.append(float((accepted[reached] > i).mean()))
-    if profile and {"lookahead_drafted", "lookahead_kept"} <= set(v.columns):
-        bets = v[(v["accepted"] == v["drafted"]) & (v["lookahead_drafted"] >= 2)]
-        if len(bets) >= POSITIONS_MIN_ROUNDS:
-            profile.append(float((bets["lookahead_kept"] > 0).mean()))
-    return tuple(profile)
 
 
 def twin_figures(

@@ -25,6 +25,9 @@ def capacity(
     acceptance: float | None = typer.Option(
         None, help="--twin: per-token acceptance (default: the stood-for pair's)"
     ),
+    acceptance_from: Path | None = typer.Option(
+        None, help="--twin: a lab run folder; draw the acceptance its SLED rounds measured"
+    ),
 ) -> None:
     """Bisect the device count; print each probe's figure and the capacity."""
     import time
@@ -37,9 +40,11 @@ def capacity(
     with exit_codes():
         if twin:
             from testbed.twin.capacity import twin_capacity
+            from testbed.twin.measured import measured_or_given
 
+            drawn = measured_or_given(acceptance, acceptance_from)
             result = twin_capacity(playbook, rate, folder, low, high, say=typer.echo, mode=mode,
-                                   acceptance=acceptance).twin  # fmt: skip
+                                   acceptance=drawn).twin  # fmt: skip
         else:
             result = run_capacity(playbook, rate, folder, low, high, say=typer.echo, mode=mode)
     saved = json.loads((folder / "capacity.json").read_text())

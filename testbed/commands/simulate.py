@@ -20,6 +20,9 @@ def simulate(
         max=1.0,
         help="per-token acceptance to draw from (default: the stood-for pair's published one)",
     ),  # fmt: skip
+    acceptance_from: Path | None = typer.Option(
+        None, help="a lab run folder: draw the acceptance its SLED rounds measured, by position"
+    ),
     devices: int | None = typer.Option(
         None, min=1, help="simulate this many devices (a one-class fleet; past the lab's limit)"
     ),
@@ -34,11 +37,13 @@ def simulate(
     from rich.console import Console
 
     from testbed.results.condition_table import condition_frame, print_summary
+    from testbed.twin.measured import measured_or_given
     from testbed.twin.run import simulate as run_twin
 
     console = Console()
     with exit_codes():
-        store = run_twin(playbook, out, acceptance, devices, repetitions, say=console.print,
+        drawn = measured_or_given(acceptance, acceptance_from)
+        store = run_twin(playbook, out, drawn, devices, repetitions, say=console.print,
                          max_conditions=max_conditions)  # fmt: skip
     print_summary(condition_frame(store), title=f"run {store.root.name} (simulated by the twin)")
     console.print(f"results: {store.root}")

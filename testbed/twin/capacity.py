@@ -21,6 +21,7 @@ from testbed.config.playbook import Condition, expand
 from testbed.metrics.capacity import CapacityResult, capacity_search
 from testbed.runner.capacity import capacity_playbook, lab_probe, write_search
 from testbed.twin.inputs import twin_condition
+from testbed.twin.measured import MeasuredAcceptance, acceptance_record
 from testbed.twin.run import simulated_figures
 
 
@@ -66,7 +67,7 @@ class TwinCapacity:
 
 
 def twin_probe(
-    cond: Condition, source: str, devices: int, acceptance: float | None
+    cond: Condition, source: str, devices: int, acceptance: float | MeasuredAcceptance | None
 ) -> dict[str, Any]:
     """One probe on the twin: the condition at `devices`, simulated."""
     figures = simulated_figures(cond, twin_condition(cond, source, acceptance, devices))
@@ -82,7 +83,7 @@ def twin_capacity(
     high: int = 64,
     say: Callable[[str], None] = print,
     mode: str | None = None,
-    acceptance: float | None = None,
+    acceptance: float | MeasuredAcceptance | None = None,
 ) -> TwinCapacity:
     """Bisect on the twin, then run the lab at the capacity found and one device above."""
     pb = capacity_playbook(playbook, mode)
@@ -103,5 +104,5 @@ def twin_capacity(
     result = TwinCapacity(found, {p["devices"]: p["figure"] for p in probes}, rate)
     write_search(out, playbook, pb, rate, found.capacity, result.lab, probes,
                  searched_on="twin", confirmed=result.confirmed, verdict=result.verdict,
-                 acceptance=acceptance, twin_probes=twin_probes)  # fmt: skip
+                 acceptance=acceptance_record(acceptance), twin_probes=twin_probes)  # fmt: skip
     return result

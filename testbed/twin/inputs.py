@@ -35,6 +35,7 @@ from testbed.runner.workload import problems_for
 from testbed.topo.catalogue import load_catalogue
 from testbed.topo.profile import GilbertElliott, JitterDist, LinkProfile
 from testbed.topo.schedule import timeline
+from testbed.twin.measured import MeasuredAcceptance
 
 MAX_DEVICES = 100_000
 """The most devices one simulated condition takes (`lab.devices`)."""
@@ -140,7 +141,7 @@ def link_phases(link: LinkProfile, lead_s: float) -> tuple[LinkPhase, ...]:
 def twin_condition(
     cond: Condition,
     source: str,
-    acceptance: float | None = None,
+    acceptance: float | MeasuredAcceptance | None = None,
     devices: int | None = None,
     link_lead_s: float = 0.0,
 ) -> TwinCondition:
@@ -184,7 +185,13 @@ def twin_condition(
             f"{where}: workload.stands_for: the twin needs the stood-for pair's published "
             "acceptance (or a measured one: --acceptance)"
         )
-    alpha = acceptance if acceptance is not None else published.per_token  # type: ignore[union-attr]
+    profile: tuple[float, ...] = ()
+    if isinstance(acceptance, MeasuredAcceptance):
+        alpha, profile, how = acceptance.per_token, acceptance.profile, acceptance.source
+    elif acceptance is not None:
+        alpha, how = acceptance, "measured (--acceptance)"
+    else:
+        alpha, how = published.per_token, f"published: {published.source}"  # type: ignore[union-attr]
     asked = fleet_problems(cond, [d.name for d in hosts])
     encode = target_encoder(pb)
     s = pb.sled
@@ -196,9 +203,8 @@ def twin_condition(
     return TwinCondition(
         id=cond.id, mode=pb.mode, devices=twins, server_class=topo.server.host_class,
         server=hardware(topo.server.host_class, f"host {topo.server.name}"),
-        draft=draft, target=target, acceptance=float(alpha),
-        acceptance_source="measured (--acceptance)" if acceptance is not None
-        else f"published: {published.source}",  # type: ignore[union-attr]
+        draft=draft, target=target, acceptance=float(alpha), acceptance_source=how,
+        acceptance_by_position=profile,
         rtt_s=pb.link.rtt_ms / 1e3, jitter_s=pb.link.jitter_ms / 1e3,
         loss_up=pb.link.loss_model("up"), loss_down=pb.link.loss_model("down"),
         draft_len=s.draft_len, draft_policy=s.draft_policy, draft_min=s.draft_min,

@@ -29,6 +29,7 @@ from testbed.results.store import ConditionFolder, RunStore
 from testbed.results.tables import typed_table, write_typed
 from testbed.runner.run import new_run_dir
 from testbed.twin.inputs import TwinCondition, twin_condition
+from testbed.twin.measured import MeasuredAcceptance
 from testbed.twin.sled import Twin
 
 BACKEND = "twin"
@@ -59,7 +60,7 @@ def simulated_figures(
 def simulate(
     playbook: Path,
     out: Path | None = None,
-    acceptance: float | None = None,
+    acceptance: float | MeasuredAcceptance | None = None,
     devices: int | None = None,
     repetitions: int | None = None,
     say: Callable[[str], None] = print,
