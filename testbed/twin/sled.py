@@ -295,7 +295,8 @@ class Twin:
             ctx, done, verified, kept, n_round, synced = req.prompt_tokens, 0, 0, 0, 0, 0
             carry = 0  # look-ahead drafts valid for the next round
             while done < req.answer_tokens:
-                k = min(control.current if control else tc.draft_len, req.answer_tokens - done)
+                # the agents draft the whole length even when fewer tokens are left to write
+                k = control.current if control else tc.draft_len
                 t_round = env.now
                 used, carry = min(carry, k), 0
                 draft_s = sum(decode_s(dev.hardware, tc.draft, ctx + i) for i in range(used, k))
@@ -344,7 +345,7 @@ class Twin:
                     row |= {"mode": "verified", "accepted": accepted, "batch": ask.batch,
                             "rtt_ms": (env.now - t_round - draft_s) * 1e3}  # fmt: skip
                 else:
-                    tokens = k
+                    tokens = min(k, req.answer_tokens - done)
                     kept += tokens
                     carry = ahead  # after a fallback the whole look-ahead extends the answer
                     row |= {"mode": "fallback"}
