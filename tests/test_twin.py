@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from testbed.bench.twin import acceptance_profile, device_starts, lab_compute, with_lab_compute
+from testbed.bench.twin import device_starts, lab_compute, with_lab_compute
 from testbed.cli import app
 from testbed.config.playbook import expand, load_playbook
 from testbed.core.errors import BadInputError
@@ -22,7 +22,7 @@ from testbed.report.summary import summary_markdown
 from testbed.topo.catalogue import load_catalogue
 from testbed.twin import sled as twin_sled
 from testbed.twin.inputs import Request, TwinCondition, TwinDevice, twin_condition
-from testbed.twin.measured import measured_acceptance
+from testbed.twin.measured import acceptance_dispersion, acceptance_profile, measured_acceptance
 from testbed.twin.sled import Twin
 
 SEED = "experiments/seed-sled-vs-centralized.yaml"
@@ -65,7 +65,7 @@ def test_tokens_a_round_follow_the_closed_form(alpha):
 
 def test_tokens_a_round_fail_with_acceptance_ignored(monkeypatch):
     """Mechanism removed (every draft accepted): the closed form no longer holds."""
-    monkeypatch.setattr(Twin, "_accepted", lambda self, k: k)
+    monkeypatch.setattr(Twin, "_accepted", lambda self, dev, k: (k, False))
     got = tokens_a_round(condition(acceptance=0.8, devices=8, answer=2000))
     assert got != pytest.approx((1 - 0.8**5) / 0.2, rel=0.03)
 
@@ -520,3 +520,23 @@ def test_a_lab_points_twin_runs_on_the_compute_the_lab_paced(tmp_path):
 
     assert tpot(ran, "dev0") > 1.3 * tpot(tc, "dev0")
     assert lab_compute(tmp_path / "missing").hardware == {}
+
+
+def test_acceptance_dispersion_narrows_the_devices_spread_and_is_measured_back():
+    """The tiny pair's rejections come steadier than independent tokens' (a device's
+    acceptance spreads about half as much): at dispersion d the devices' acceptance spreads
+    about d times as much as at 1, the mean unchanged; removed (d = 1) it does not narrow."""
+
+    def spread(d: float) -> tuple[float, float]:
+        rounds = pd.DataFrame(Twin(condition(devices=64, answer=150, acceptance_dispersion=d),
+                                   seed=4).run().rounds)  # fmt: skip
+        v = rounds[rounds["mode"] == "verified"]
+        alpha = v["accepted"].sum() / (v["accepted"].sum() + (v["accepted"] < v["drafted"]).sum())
+        return acceptance_dispersion(rounds), float(alpha)
+
+    (wide, a1), (narrow, a2) = spread(1.0), spread(0.4)
+    assert wide > 0.75 and narrow < 0.6 and narrow < wide - 0.25
+    assert a1 == pytest.approx(a2, abs=0.02) and a1 == pytest.approx(0.8, abs=0.02)
+    few = pd.DataFrame({"mode": ["verified"] * 3, "dev": ["a", "b", "c"], "drafted": [4] * 3,
+                        "accepted": [4, 0, 2]})  # fmt: skip
+    assert acceptance_dispersion(few) == 1.0  # under 4 devices with enough drafts: no claim

@@ -2,12 +2,13 @@
 
 `validate_runs`: for every done condition of lab run folders, the twin runs the same
 condition (the run's saved playbook) with the acceptance the lab measured at each position of
-a round (`acceptance_profile`: the tiny pair accepts a round's first draft more often than its
-fourth) and the hardware and model shapes its hosts were paced with (`lab_compute`: the
-condition's `inputs/<host>.emulation.json`, so a later catalogue does not move an old run's
-point), `DRAWS` times, and each figure's mean (± its standard deviation) is set beside the
-lab's with its error: system verified tok/s, TPOT p50 and p90, TTFT p50, fallback share
-(goal: throughput and TPOT p50 within 5 %, p90 within 10 %).
+a round and its spread over devices (`testbed.twin.measured`: the tiny pair accepts a round's
+first draft more often than its fourth, and at a steadier rate than independent tokens), on
+the hardware and model shapes its hosts were paced with (`lab_compute`: the condition's
+`inputs/<host>.emulation.json`, so a later catalogue does not move an old run's point),
+`DRAWS` times, and each figure's mean (± its standard deviation) is set beside the lab's with
+its error: system verified tok/s, TPOT p50 and p90, TTFT p50, fallback share (goal:
+throughput and TPOT p50 within 5 %, p90 within 10 %).
 
 `fleet_scale`: one condition of a playbook with N devices through the twin: wall seconds,
 simulated seconds, devices per wall second of simulation and the process's peak memory.
@@ -28,7 +29,7 @@ from agents.emulation.stepcost import Hardware, ModelShape
 from testbed.config.playbook import expand, load_playbook
 from testbed.results.store import RunStore
 from testbed.twin.inputs import TwinCondition, twin_condition
-from testbed.twin.measured import acceptance_profile
+from testbed.twin.measured import MeasuredAcceptance, condition_acceptance
 from testbed.twin.run import simulated_figures, twin_seed
 from testbed.twin.sled import Twin
 
@@ -109,17 +110,15 @@ def with_lab_compute(tc: TwinCondition, compute: LabCompute) -> TwinCondition:
 
 
 def twin_figures(
-    cond, source: str, acceptance: float | None, draws: int = DRAWS, lead: float = 0.0,
+    cond, source: str, acceptance: float | MeasuredAcceptance | None, draws: int = DRAWS,
+    lead: float = 0.0,
     starts: dict[str, float] | None = None, compute: LabCompute | None = None,
-    profile: tuple[float, ...] = (),
 ) -> tuple[dict[str, float | None], dict[str, float | None]]:  # fmt: skip
     """The twin's figures of one condition through the lab's own ConditionStats: the mean
     over `draws` seeds, and the standard deviation (`lead`: the lab's link steps began that
     long before its devices; `starts`: each device's start after the first's; `compute`: the
-    lab's hosts' hardware and models in place of the catalogue's; `profile`: the acceptance
-    by position in a round)."""
+    lab's hosts' hardware and models in place of the catalogue's)."""
     tc = twin_condition(cond, source, acceptance, link_lead_s=lead)
-    tc = replace(tc, acceptance_by_position=profile)
     if compute is not None:
         tc = with_lab_compute(tc, compute)
     if starts:
@@ -156,14 +155,6 @@ class Point:
         return abs(a - b) <= sd
 
 
-def lab_profile(folder: Path) -> tuple[float, ...]:
-    """`acceptance_profile` of a lab condition's rounds; empty where they are unreadable."""
-    try:
-        return acceptance_profile(pd.read_parquet(folder / "rounds.parquet"))
-    except (OSError, ValueError):
-        return ()
-
-
 def validate_runs(runs: list[Path]) -> list[Point]:
     """Every done SLED or centralized condition of the runs, twin beside lab."""
     points = []
@@ -176,13 +167,12 @@ def validate_runs(runs: list[Path]) -> list[Point]:
             if entry is None or cond.playbook.mode not in ("sled", "centralized"):
                 continue
             lab = entry.get("metrics") or {}
-            alpha = lab.get("acceptance_alpha") if cond.playbook.mode == "sled" else None
-            lead = link_lead_s(store.condition_dir(cond.id)) if cond.playbook.link.varies else 0
             folder = store.condition_dir(cond.id)
-            twin, spread = twin_figures(cond, str(store.playbook_path), alpha or 0.8, lead=lead,
-                                        starts=device_starts(folder),
-                                        compute=lab_compute(folder),
-                                        profile=lab_profile(folder))  # fmt: skip
+            lead = link_lead_s(folder) if cond.playbook.link.varies else 0
+            measured = condition_acceptance(folder) if cond.playbook.mode == "sled" else None
+            twin, spread = twin_figures(cond, str(store.playbook_path), measured or 0.8,
+                                        lead=lead, starts=device_starts(folder),
+                                        compute=lab_compute(folder))  # fmt: skip
             points.append(Point(root.name, cond.id, cond.playbook.mode,
                                 int(lab.get("devices") or 0), lab, twin, spread))  # fmt: skip
     return points

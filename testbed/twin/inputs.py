@@ -114,6 +114,9 @@ class TwinCondition:
     # those before it were; the last stands for every later position, the look-ahead's bet
     # included (empty: `acceptance` at every position, independent tokens)
     acceptance_by_position: tuple[float, ...] = ()
+    # the spread of a device's acceptance against independent tokens' (1: independent; the
+    # tiny pair's rejections come steadier, about 0.5)
+    acceptance_dispersion: float = 1.0
 
     def acceptance_at(self, position: int) -> float:
         """The chance the draft at `position` (0: the round's first) is accepted, given
@@ -186,8 +189,10 @@ def twin_condition(
             "acceptance (or a measured one: --acceptance)"
         )
     profile: tuple[float, ...] = ()
+    dispersion = 1.0
     if isinstance(acceptance, MeasuredAcceptance):
         alpha, profile, how = acceptance.per_token, acceptance.profile, acceptance.source
+        dispersion = acceptance.dispersion
     elif acceptance is not None:
         alpha, how = acceptance, "measured (--acceptance)"
     else:
@@ -204,7 +209,7 @@ def twin_condition(
         id=cond.id, mode=pb.mode, devices=twins, server_class=topo.server.host_class,
         server=hardware(topo.server.host_class, f"host {topo.server.name}"),
         draft=draft, target=target, acceptance=float(alpha), acceptance_source=how,
-        acceptance_by_position=profile,
+        acceptance_by_position=profile, acceptance_dispersion=dispersion,
         rtt_s=pb.link.rtt_ms / 1e3, jitter_s=pb.link.jitter_ms / 1e3,
         loss_up=pb.link.loss_model("up"), loss_down=pb.link.loss_model("down"),
         draft_len=s.draft_len, draft_policy=s.draft_policy, draft_min=s.draft_min,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from agents.spec.rates import per_token_acceptance
@@ -48,16 +49,42 @@ def acceptance_profile(rounds: pd.DataFrame) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class MeasuredAcceptance:
-    """What a lab run measured: the per-token rate and the rate by position."""
+    """What a lab run measured: the per-token rate, the rate by position and the spread of
+    the devices' acceptance against independent tokens'."""
 
     per_token: float
     profile: tuple[float, ...]
     source: str
+    dispersion: float = 1.0
+
+
+def rounds_acceptance(rounds: pd.DataFrame, source: str) -> MeasuredAcceptance | None:
+    """The acceptance of a lab's rounds (one device a `dev`); None where none was verified."""
+    if not {"mode", "drafted", "accepted"} <= set(rounds.columns):
+        return None
+    v = rounds[rounds["mode"] == "verified"]
+    alpha = per_token_acceptance(
+        int(v["accepted"].sum()), int((v["accepted"] < v["drafted"]).sum())
+    )
+    if alpha is None:
+        return None
+    return MeasuredAcceptance(float(alpha), acceptance_profile(v), source,
+                              acceptance_dispersion(v))  # fmt: skip
+
+
+def condition_acceptance(folder: Path) -> MeasuredAcceptance | None:
+    """`rounds_acceptance` of one lab condition folder; None where its rounds are unreadable."""
+    try:
+        rounds = pd.read_parquet(folder / "rounds.parquet")
+    except (OSError, ValueError):
+        return None
+    return rounds_acceptance(rounds, f"measured in {folder.name}")
 
 
 def measured_acceptance(run: Path) -> MeasuredAcceptance:
-    """The acceptance of every done SLED condition of the lab run folder `run`, pooled;
-    BadInputError naming the folder where it holds no verified SLED round."""
+    """The acceptance of every done SLED condition of the lab run folder `run`, pooled (each
+    condition's devices apart); BadInputError naming the folder where it holds no verified
+    SLED round."""
     from testbed.results.store import RunStore
 
     store = RunStore(run)
@@ -67,21 +94,18 @@ def measured_acceptance(run: Path) -> MeasuredAcceptance:
         raise BadInputError(f"{run}: not a readable run folder ({exc})") from None
     frames = []
     for cid in done:
-        path = store.condition_dir(cid) / "rounds.parquet"
         try:
-            frame = pd.read_parquet(path)
+            frame = pd.read_parquet(store.condition_dir(cid) / "rounds.parquet")
         except (OSError, ValueError):
             continue
-        if {"mode", "drafted", "accepted"} <= set(frame.columns):
-            frames.append(frame[frame["mode"] == "verified"])
+        if {"mode", "dev", "drafted", "accepted"} <= set(frame.columns):
+            frames.append(frame.assign(dev=cid + "/" + frame["dev"].astype(str)))
     rounds = pd.concat(frames) if frames else pd.DataFrame()
-    if rounds.empty:
+    verified = int((rounds["mode"] == "verified").sum()) if len(rounds) else 0
+    measured = rounds_acceptance(rounds, f"measured in {run.name} ({verified} rounds, by position)")
+    if measured is None:
         raise BadInputError(f"{run}: --acceptance-from: no verified SLED round in its conditions")
-    accepted = int(rounds["accepted"].sum())
-    rejections = int((rounds["accepted"] < rounds["drafted"]).sum())
-    alpha = per_token_acceptance(accepted, rejections)
-    how = f"measured in {run.name} ({len(rounds)} rounds, by position)"
-    return MeasuredAcceptance(float(alpha or 0.0), acceptance_profile(rounds), how)
+    return measured
 
 
 def acceptance_record(acceptance: float | MeasuredAcceptance | None) -> object:
@@ -97,3 +121,27 @@ def measured_or_given(
     if acceptance is not None and acceptance_from is not None:
         raise BadInputError("--acceptance and --acceptance-from: give one of them, not both")
     return measured_acceptance(acceptance_from) if acceptance_from is not None else acceptance
+
+
+DISPERSION_MIN_DEVICES = 4
+DISPERSION_MIN_JUDGED = 20  # drafts judged a device for its acceptance to count
+
+
+def acceptance_dispersion(rounds: pd.DataFrame) -> float:
+    """The standard deviation of the devices' per-token acceptance over what independent
+    tokens at the pooled rate would give them (the root of the mean alpha (1 - alpha) / n),
+    capped at 1; 1 where fewer than `DISPERSION_MIN_DEVICES` devices judged enough drafts."""
+    if not {"mode", "dev", "drafted", "accepted"} <= set(rounds.columns):
+        return 1.0
+    v = rounds[rounds["mode"] == "verified"]
+    accepted = v.groupby("dev")["accepted"].sum()
+    judged = accepted + (v["accepted"] < v["drafted"]).groupby(v["dev"]).sum()
+    keep = judged >= DISPERSION_MIN_JUDGED
+    if keep.sum() < DISPERSION_MIN_DEVICES:
+        return 1.0
+    accepted, judged = accepted[keep], judged[keep]
+    alpha = accepted.sum() / judged.sum()
+    independent = float(np.sqrt((alpha * (1 - alpha) / judged).mean()))
+    if independent <= 0:
+        return 1.0
+    return float(min(1.0, (accepted / judged).std(ddof=1) / independent))

@@ -113,6 +113,9 @@ def decode_s(hw: Hardware, model: ModelShape, context: int) -> float:
     return decode_seconds(hw, model, 1, context)
 
 
+GOLDEN = (5**0.5 - 1) / 2  # the golden ratio's fraction: the most even rotation of [0, 1)
+
+
 class Twin:
     """One condition's simulation (`run()` returns its records)."""
 
@@ -129,6 +132,7 @@ class Twin:
         self.kv: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self.kv_total = 0  # tokens every session holds together
         self.kv_wait: OrderedDict[str, tuple[Ask, float]] = OrderedDict()  # queue policy
+        self.weyl: dict[str, float] = {}  # device -> its acceptance's low-discrepancy phase
         self.refusals = 0
 
     # --- the link --------------------------------------------------------------------------
@@ -333,9 +337,9 @@ class Twin:
                        "draft_ms": draft_s * 1e3, "lookahead_used": used,
                        "lookahead_drafted": ahead, **UNPACED}  # fmt: skip
                 if got:
-                    accepted = self._accepted(k)
+                    accepted, bet = self._accepted(dev.name, k)
                     # the bet: every draft accepted and the target's next token the draft's own
-                    if accepted == k and ahead and self.rng.random() < tc.acceptance_at(k):
+                    if accepted == k and ahead and bet:
                         carry = ahead - 1
                     tokens = min(accepted + 1, req.answer_tokens - done)
                     verified += tokens
@@ -369,12 +373,30 @@ class Twin:
                 return i + 1, t - waited_s
         return self.tc.lookahead, 0.0
 
-    def _accepted(self, k: int) -> int:
-        """Drafts accepted in turn, each with its position's acceptance, up to the first miss."""
-        for i in range(k):
-            if self.rng.random() >= self.tc.acceptance_at(i):
-                return i
-        return k
+    def _judge(self, dev: str) -> float:
+        """The uniform draw that settles one of `dev`'s rounds. Under `acceptance_dispersion`
+        d < 1 a share 1 - d^2 of them come from the device's own golden-ratio sequence (a
+        low-discrepancy one), so a device's accepted share varies about d times as much from
+        device to device as with independent draws, each round's outcome keeping its law."""
+        if self.rng.random() < 1 - self.tc.acceptance_dispersion**2:
+            phase = self.weyl.get(dev)
+            phase = self.rng.random() if phase is None else (phase + GOLDEN) % 1.0
+            self.weyl[dev] = phase
+            return phase
+        return self.rng.random()
+
+    def _accepted(self, dev: str, k: int) -> tuple[int, bool]:
+        """A round's drafts accepted in turn, each with its position's acceptance, up to the
+        first miss, and whether the look-ahead's bet (position k + 1) wins: one draw through
+        the outcomes' law (0, 1, ..., k accepted; k and the bet)."""
+        u, reach, below = self._judge(dev), 1.0, 0.0
+        for i in range(k + 1):
+            p = self.tc.acceptance_at(i)
+            below += reach * (1 - p)
+            if u < below:
+                return i, False
+            reach *= p
+        return k, True
 
     def _probe(self, dev: str, probes: ProbeState) -> bool:
         """Offline, between two rounds, as the agents' `probe()`: back online if an answer to
