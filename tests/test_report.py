@@ -130,3 +130,16 @@ def test_acceptance_per_host_class_from_the_hosts_table(tmp_path):
     assert set(curves) == {"pi5", "jetson-orin-nano"}
     # each class: 12 rounds, 8 verified with 3 of 4 drafts accepted, 4 fallback (100 % loss)
     assert curves["pi5"] == pytest.approx([0.75])
+
+
+def test_a_run_without_drafts_leaves_the_acceptance_curve_out(tmp_path):
+    """A centralized run records one round per token and drafts nothing: no window has an
+    acceptance rate, and the figure is left out with its reason rather than failing the report."""
+    root = synthetic_run(tmp_path, failed=False)
+    for path in (root / "conditions").glob("*/rounds.parquet"):
+        rounds = pd.read_parquet(path)
+        rounds[["drafted", "accepted"]] = 0
+        rounds.to_parquet(path)
+    fig = acceptance_over_time(load_run(root))
+    assert isinstance(fig, Skipped) and "no verified round" in fig.reason
+    assert write_report(load_run(root)).summary.is_file()

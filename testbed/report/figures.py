@@ -272,13 +272,14 @@ def _acceptance(agg: DataFrameGroupBy) -> pd.Series:
     """accepted / drafted over the verified rounds of each window (the acceptance rate)."""
     from testbed.metrics import acceptance_rate
 
-    return agg.apply(
-        lambda g: acceptance_rate(
+    rates = {
+        b: acceptance_rate(
             int(g.loc[g["mode"] == "verified", "accepted"].sum()),
             int(g.loc[g["mode"] == "verified", "drafted"].sum()),
-        ),
-        include_groups=False,
-    ).astype(float)
+        )
+        for b, g in agg
+    }  # a window with no draft has no rate (None): `apply` would turn all-None into a frame
+    return pd.Series(rates, dtype=float)
 
 
 def acceptance_over_time(run: RunData, by_class: bool = False) -> Figure:
