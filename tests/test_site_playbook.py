@@ -117,6 +117,13 @@ class Site:
         return res, recap
 
 
+def failed_tasks(stdout: str) -> str:
+    """Each failed task's heading and result from a play's output (the tail alone may not
+    reach the first failure)."""
+    blocks = re.split(r"\n(?=TASK \[)", stdout)
+    return "".join(b[:1500] + "\n" for b in blocks if re.search(r"^(fatal|failed): ", b, re.M))
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -134,7 +141,7 @@ def site(tmp_path_factory: pytest.TempPathFactory, tiny_pair) -> Iterator[Site]:
 
 def test_first_run_provisions_every_host(site: Site) -> None:
     res, recap = site.play()
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert res.returncode == 0, failed_tasks(res.stdout) + res.stdout[-3000:] + res.stderr[-2000:]
     assert set(recap) == {"server", "dev1", "dev2", "ctl"}
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in recap.values())
     assert all(recap[h]["changed"] > 0 for h in ("server", "dev1", "dev2"))
@@ -192,7 +199,7 @@ def test_check_mode_reports_without_changing(site: Site) -> None:
     for gone in (dev2 / "bin" / "tb-holder", dev2 / "src" / "holder.c"):
         gone.unlink()
     res, recap = site.play("--check", "--limit", "dev1,dev2")
-    assert res.returncode == 0, res.stdout[-4000:]
+    assert res.returncode == 0, failed_tasks(res.stdout) + res.stdout[-3000:]
     assert recap["dev1"]["changed"] >= 1 and not placed.exists()
     assert recap["dev2"]["changed"] >= 1 and not (dev2 / "bin" / "tb-holder").exists()
     assert Path(holder).stat().st_mtime_ns == built
