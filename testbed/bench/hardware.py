@@ -38,7 +38,6 @@ from testbed.topo.catalogue import (
     PublishedFile,
     effective_bits,
     load_catalogue,
-    model_bits,
 )
 
 GOAL = 0.15  # every calibration point within 15 %
@@ -331,10 +330,17 @@ class FileCheck:
         }
 
 
+def model_bits(cat: Catalogue, ref: str) -> float:
+    """Bits per parameter the cost model gives `<model>@<format>` in memory (its head at the
+    format's head_bits), from the same ModelShape the pacing uses."""
+    shape = cat.model(ref, "bench hardware")
+    return 8 * shape.weight_bytes / shape.params
+
+
 def file_checks(cat: Catalogue) -> list[FileCheck]:
     """Every published file of every format against the format's bits."""
     return [
-        FileCheck(name, f, model_bits(cat.spec, fmt, f.model), effective_bits(cat.spec, f))
+        FileCheck(name, f, model_bits(cat, f"{f.model}@{name}"), effective_bits(cat.spec, f))
         for name, fmt in cat.spec.formats.items()
         for f in fmt.files
     ]

@@ -224,15 +224,6 @@ def effective_bits(spec: CatalogueFile, file: PublishedFile) -> float:
     return file.bytes * 8 / spec.models[file.model].params
 
 
-def model_bits(spec: CatalogueFile, fmt: WeightFormat, model: str) -> float:
-    """Bits per parameter the cost model gives `model` in `fmt`: the format's bits, the
-    output head's matrix at its `head_bits` where the format sets them."""
-    m = spec.models[model]
-    head = m.vocab * m.hidden
-    head_bits = fmt.bits if fmt.head_bits is None else fmt.head_bits
-    return (fmt.bits * (m.params - head) + head_bits * head) / m.params
-
-
 def llama_params(m: ModelEntry) -> int:
     """Parameters of a plain Llama decoder of m's shape (embeddings, layers, norms, head)."""
     attention = m.hidden * m.heads * m.head_dim * 2 + m.hidden * m.kv_heads * m.head_dim * 2
