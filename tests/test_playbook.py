@@ -201,3 +201,61 @@ def test_run_lab_setup_takes_name_and_subnet_from_the_environment(monkeypatch):
     spec = run_lab_setup(pb, "demo")
     assert (spec.name, str(spec.subnet), spec.devices) == ("aenv", "10.78.12.0/24", 4)
     assert {p.rtt_ms for p in spec.topology.profiles().values()} == {85}
+
+
+def test_a_swept_device_class_runs_every_device_as_that_class(tmp_path):
+    """`lab.device_class` sets each condition's devices' class: on the lab's hosts (what their
+    agents are paced to) and in the topology the twin simulates; the server keeps its own."""
+    from testbed.hosts.inventory import Inventory, InventoryHost
+    from testbed.runner.context import condition_devices
+
+    pb = load_playbook(write(tmp_path, (
+        "name: t\ntopology: topologies/seed-pi5-a100x4.yaml\nlab: {devices: 2}\n"
+        "sweep:\n  lab.device_class: [pi5, jetson-orin-nano]\n"
+    )))  # fmt: skip
+    hosts = [
+        InventoryHost(name=n, role=r, address=n, user="u", workdir="/w", host_class=c)
+        for n, r, c in [("server", "server", "a100x4"), ("dev1", "device", "pi5"),
+                        ("dev2", "device", "pi5")]
+    ]  # fmt: skip
+    inv = Inventory(source="t", hosts=tuple(hosts))
+    by_class = {c.values["lab.device_class"]: c for c in expand(pb)}
+    assert [d.host_class for d in condition_devices(inv, by_class["jetson-orin-nano"])] == [
+        "jetson-orin-nano", "jetson-orin-nano"]  # fmt: skip
+    assert [d.host_class for d in condition_devices(inv, by_class["pi5"])] == ["pi5", "pi5"]
+    topo = playbook_topology(by_class["jetson-orin-nano"].playbook)
+    assert topo.class_counts() == {"jetson-orin-nano": 2}
+    assert topo.server.host_class == "a100x4"
+    assert playbook_topology(by_class["pi5"].playbook).class_counts() == {"pi5": 2}
+
+
+@pytest.mark.parametrize(
+    "text, needles",
+    [
+        ("lab: {device_class: a100x4}", ["lab.device_class", "expected a device class", "pi5"]),
+        ("lab: {device_class: pi6}", ["lab.device_class", "'pi6'"]),
+        ("lab: {kind: inventory, inventory: i.yml, device_class: pi5}",
+         ["device_class", "inventory lab"]),
+        ("workload: {answer_scale: 2}", ["answer_scale", "needs stands_for"]),
+        ("workload: {stands_for: gsm8k-cot-0shot, answer_scale: 0}", ["answer_scale"]),
+    ],
+)  # fmt: skip
+def test_bad_device_class_and_answer_scale_are_named(tmp_path, text, needles):
+    with pytest.raises(BadInputError) as err:
+        load_playbook(write(tmp_path, f"name: t\n{text}\n"))
+    assert all(n in str(err.value) for n in needles), str(err.value)
+
+
+def test_a_lab_run_refuses_more_devices_than_a_lab_holds(tmp_path):
+    """The twin takes a playbook of 1,000 devices; a lab run names the key and the limit."""
+    from testbed.runner.run import check_conditions
+
+    pb = load_playbook(write(tmp_path, (
+        "name: t\ntopology: topologies/seed-pi5-a100x4.yaml\nsweep:\n  lab.devices: [4, 1000]\n"
+    )))  # fmt: skip
+    conditions = expand(pb, "pb.yaml")
+    assert max(len(playbook_topology(c.playbook).devices) for c in conditions) == 1000
+    with pytest.raises(BadInputError, match=r"pb.yaml \(.*\): lab.devices: 1000 is over the 200"):
+        check_conditions(conditions, playbook_topology(lab_playbook(pb)), "pb.yaml")
+    with pytest.raises(BadInputError, match="lab.devices"):
+        load_playbook(write(tmp_path, "name: t\nlab: {devices: 100001}\n"))

@@ -201,3 +201,14 @@ def test_bad_workload_shapes_are_refused_naming_the_key(tmp_path: Path) -> None:
         check_workload(graded, "pb.yaml")
     with pytest.raises(BadInputError, match="needs the GSM8K test split"):
         check_workload(playbook(stands_for=SHAPE, gsm8k_path=str(tmp_path / "none.jsonl")), "p")
+
+
+@needs_gsm8k
+def test_answer_scale_multiplies_every_held_answer_length() -> None:
+    """`workload.answer_scale` stretches each stood-for answer (the prompt stays), and
+    `max_new_tokens` still caps it."""
+    _, base, _ = stood_for_lengths(shaped_workload(), TARGET_AS, 40)
+    _, tripled, _ = stood_for_lengths(shaped_workload(answer_scale=3), TARGET_AS, 40)
+    assert [x.prompt for x in tripled] == [x.prompt for x in base]
+    assert all(abs(t.answer - 3 * b.answer) <= 2 for t, b in zip(tripled, base))
+    assert np.mean([x.answer for x in tripled]) > 2.9 * np.mean([x.answer for x in base])

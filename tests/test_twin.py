@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from testbed.bench.twin import device_starts, lab_compute, with_lab_compute
@@ -208,6 +209,15 @@ def test_the_crossover_is_where_sled_wins_from_then_on():
     assert crossover([1, 2], [1, 1], [2, 2]) is None
 
 
+def test_a_sweeps_capacity_is_the_last_count_before_the_first_miss():
+    from testbed.metrics.capacity import swept_capacity
+
+    assert swept_capacity({1: 20.0, 4: 16.0, 16: 10.0, 64: 20.0}, 15) == 4  # 64 is past a miss
+    assert swept_capacity({16: 16.0, 1: 20.0, 4: None}, 15) == 1  # in count order; None misses
+    assert swept_capacity({1: 14.9, 4: 16.0}, 15) == 0
+    assert swept_capacity({1: 15.0, 4: 15.0}, 15) == 4
+
+
 def test_the_crossover_figure_overlays_the_labs_validation_points(tmp_path):
     """A simulated run's crossover figure carries, as points, the done SLED and centralized
     conditions of the lab's validation runs beside it (loss up to 5 %); a simulated run of
@@ -242,6 +252,8 @@ def test_the_crossover_figure_overlays_the_labs_validation_points(tmp_path):
     }
     assert all(s.x == [1.0, 2.0] and all(v > 0 for v in s.y) for s in points)
     assert "the lab's validation runs (2 series)" in after.note
+    # each setting's capacity at 15 tok/s a device, read off the same sweep, per mode
+    assert "capacity at 15 tok/s SLED " in before.note and " / centralized " in before.note
 
 
 def faked_lab(server_tok_s: float):
@@ -540,3 +552,19 @@ def test_acceptance_dispersion_narrows_the_devices_spread_and_is_measured_back()
     few = pd.DataFrame({"mode": ["verified"] * 3, "dev": ["a", "b", "c"], "drafted": [4] * 3,
                         "accepted": [4, 0, 2]})  # fmt: skip
     assert acceptance_dispersion(few) == 1.0  # under 4 devices with enough drafts: no claim
+
+
+def test_the_twin_drafts_on_the_swept_device_class(tmp_path):
+    """A condition of `lab.device_class: jetson-orin-nano` simulates its devices on the
+    Jetson's hardware entry; the Pi 5 topology's own class stays where the sweep says pi5."""
+    book = tmp_path / "cls.yaml"
+    book.write_text(Path(SEED).read_text() + "\n")
+    data = load_playbook(book).model_dump(mode="json")
+    data |= {"sweep": {"lab.device_class": ["pi5", "jetson-orin-nano"]}}
+    data["lab"]["devices"] = 2
+    book.write_text(yaml.safe_dump(data))
+    conds = {c.values["lab.device_class"]: c for c in expand(load_playbook(book), str(book))}
+    twins = {k: twin_condition(c, str(book), 0.8) for k, c in conds.items()}
+    assert {d.host_class for d in twins["jetson-orin-nano"].devices} == {"jetson-orin-nano"}
+    pi5, jetson = (twins[k].devices[0].hardware for k in ("pi5", "jetson-orin-nano"))
+    assert (pi5.name, jetson.name) == ("pi5", "jetson-orin-nano")

@@ -26,6 +26,7 @@ from testbed.config.strict import Strict
 from testbed.core.errors import BadInputError
 from testbed.core.loading import read_yaml, validate
 from testbed.core.paths import REPO_ROOT
+from testbed.topo.classes import host_classes
 from testbed.topo.files import load_topology, topology_profiles
 from testbed.topo.profile import LinkProfile
 from testbed.topo.schedule import timeline
@@ -33,10 +34,15 @@ from testbed.topo.topology import Topology
 
 # Settings fixed for a whole run (the lab, the models, the topology): sweeping them would need
 # a new lab or new models per condition, so a sweep naming them is refused. The one exception
-# is `lab.devices`: the lab comes up with the largest count swept and each condition runs its
-# agents on the first `lab.devices` devices.
+# are `lab.devices` (the lab comes up with the largest count swept and each condition runs its
+# agents on the first `lab.devices` devices), `lab.time_dilation` and `lab.device_class` (an
+# emulated device computes at its class's hardware speed, set per condition).
 RUN_WIDE_KEYS = ("name", "sweep", "topology", "lab", "models.draft", "models.target", "paper")
-SWEEPABLE_LAB_KEYS = ("lab.devices", "lab.time_dilation")
+SWEEPABLE_LAB_KEYS = ("lab.devices", "lab.time_dilation", "lab.device_class")
+# An emulated lab holds up to LAB_MAX_DEVICES devices (two CPUs, one sshd and agent each); the
+# twin (`testbed simulate`) takes a playbook up to TWIN_MAX_DEVICES.
+LAB_MAX_DEVICES = 200
+TWIN_MAX_DEVICES = 100_000
 
 
 Mode = Literal["sled", "centralized", "balance", "device-only", "server-ad", "server-sd"]
@@ -52,7 +58,15 @@ class LabSection(Strict):
 
     kind: Literal["namespaces", "mininet", "inventory"] = "namespaces"
     devices: int | None = Field(
-        None, ge=1, le=200, description="rescale the topology's (one-class) fleet to this count"
+        None, ge=1, le=TWIN_MAX_DEVICES,
+        description=f"rescale the topology's (one-class) fleet to this count (a lab run: up "
+        f"to {LAB_MAX_DEVICES}; testbed simulate: up to {TWIN_MAX_DEVICES:,})",
+    )  # fmt: skip
+    device_class: str | None = Field(
+        None,
+        description="run every device of the topology as this host class (topologies/"
+        "host-classes.yaml, a device class): an emulated device computes at that hardware's "
+        "speed; an inventory lab's devices are the hardware they are",
     )
     inventory: str | None = Field(
         None, description="Ansible YAML inventory of the hosts (lab.kind inventory)"
@@ -73,10 +87,26 @@ class LabSection(Strict):
             raise ValueError(f"expected a positive number up to {MAX_DILATION}, or auto")
         return v
 
+    @field_validator("device_class")
+    @classmethod
+    def _device_class_known(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        classes = host_classes()
+        devices = [n for n, c in classes.items() if "device" in c.roles]
+        if v not in devices:
+            raise ValueError(f"expected a device class ({', '.join(devices)}), got {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _inventory_given(self) -> LabSection:
         if self.kind == "inventory" and not self.inventory:
             raise ValueError("inventory: required when kind is inventory")
+        if self.kind == "inventory" and self.device_class is not None:
+            raise ValueError(
+                f"device_class: {self.device_class!r} on an inventory lab; its devices are "
+                "the hardware they are (leave device_class out)"
+            )
         return self
 
 
@@ -128,6 +158,12 @@ class WorkloadSection(Strict):
         "gsm8k-cot-0shot): each request takes the prompt and answer lengths of one of its "
         "questions with the models.target_as model, its answer held to that length",
     )
+    answer_scale: float = Field(
+        1.0, gt=0, le=16,
+        description="with stands_for: every held answer length times this (a chat model's "
+        "worked answers run longer than the data set's reference solutions); still capped by "
+        "max_new_tokens",
+    )  # fmt: skip
     problems_per_device: int = Field(3, ge=1)
     seed: int = 7
     max_new_tokens: int = Field(
@@ -155,6 +191,8 @@ class WorkloadSection(Strict):
     def _fewshot_needs_lm_eval(self) -> WorkloadSection:
         if self.fewshot and self.prompt_format != "lm-eval":
             raise ValueError("fewshot: few-shot examples need prompt_format lm-eval")
+        if self.answer_scale != 1.0 and self.stands_for is None:
+            raise ValueError("answer_scale: scales the stood-for answer lengths; needs stands_for")
         return self
 
 
@@ -576,9 +614,12 @@ def apply_topology(data: dict[str, Any], source: Path) -> None:
 
 
 def playbook_topology(pb: Playbook, source: str = "playbook") -> Topology:
-    """The topology a playbook runs on: its file (or a star of 2), rescaled to `lab.devices`,
-    with every primary link set to the playbook's `link` profile."""
+    """The topology a playbook runs on: its file (or a star of 2), its devices of class
+    `lab.device_class` if set, rescaled to `lab.devices`, with every primary link set to the
+    playbook's `link` profile."""
     topo = load_topology(pb.topology) if pb.topology else Topology.star(2)
+    if pb.lab.device_class is not None:
+        topo = topo.with_device_class(pb.lab.device_class)
     if pb.lab.devices is not None:
         try:
             topo = topo.with_devices(pb.lab.devices)

@@ -54,6 +54,17 @@ def capacity_search(
     return result
 
 
+def swept_capacity(measured: dict[int, float | None], rate: float) -> int:
+    """capacity(R) read off a sweep of device counts (no bisection): the largest swept count
+    that keeps R with every smaller swept count keeping it too (0: the smallest does not)."""
+    result = CapacityResult(rate, 0, measured)
+    for n in sorted(measured):
+        if not result.keeps(n):
+            break
+        result.capacity = n
+    return result.capacity
+
+
 def deciding_counts(capacity: int, probed: list[int]) -> list[int]:
     """The probed device counts whose verdicts fix the capacity, given that the per-device
     rate does not rise with more devices: the capacity and the count above it (the smallest

@@ -11,12 +11,16 @@ import pandas as pd
 from pandas.api.typing import DataFrameGroupBy
 
 from testbed.core.stats import mean_ci
+from testbed.metrics.capacity import swept_capacity
 from testbed.report.charts import Chart, RefLine, Series, Skipped
 from testbed.report.data import RunData
 from testbed.report.lab_overlay import lab_points
 
 Figure = Chart | Skipped
 WINDOW = 20  # rounds per point of the over-time curves
+# the per-device rate the crossover figure's capacities are read at: the SLED paper's (and the
+# seed capacity playbooks') 15 verified tok/s a device
+CROSSOVER_RATE = 15.0
 
 
 def _values(s: pd.Series) -> list[float | None]:
@@ -178,17 +182,26 @@ def where_sled_wins(run: RunData) -> Figure:
     for values, part in df.groupby(other) if other else [((), df)]:
         keyed = zip(other, values if isinstance(values, tuple) else (values,))
         label = ", ".join(f"{k.removeprefix('sweep.')}={v}" for k, v in keyed)
-        curves = {}
+        curves, capacity = {}, {}
         for mode, rows in part.groupby("mode"):
             means = rows.groupby("devices")["system_verified_tok_s"].mean()
             curves[mode] = means
+            slowest = rows.groupby("devices")["device_verified_tok_s_min"].mean()
+            capacity[mode] = swept_capacity(
+                {int(n): None if pd.isna(v) else float(v) for n, v in slowest.items()},
+                CROSSOVER_RATE,
+            )
             series.append(Series(f"{mode} {label}".strip(), [float(n) for n in means.index],
                                  [float(v) for v in means.to_numpy()]))  # fmt: skip
+        if not {"sled", "centralized"} <= set(curves):
+            continue
         both = curves["sled"].index.intersection(curves["centralized"].index)
         at = crossover([float(n) for n in both], list(curves["sled"][both]),
                        list(curves["centralized"][both]))  # fmt: skip
         notes.append(f"{label or 'all'}: " + (f"SLED wins from {at:g} devices" if at is not None
-                                               else "centralized wins at every count"))  # fmt: skip
+                                               else "centralized wins at every count")
+                     + f", capacity at {CROSSOVER_RATE:g} tok/s SLED {capacity['sled']}"
+                     f" / centralized {capacity['centralized']}")  # fmt: skip
     simulated = " (simulated by the twin)" if run.manifest.get("simulated") else ""
     if simulated:
         overlay = lab_points(run.root.parent)

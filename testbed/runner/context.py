@@ -35,10 +35,11 @@ def condition_devices(
     inv: Inventory, cond: Condition, lost: Collection[str] = ()
 ) -> list[InventoryHost]:
     """The devices a condition runs on: the first `lab.devices` of the lab's devices (all if
-    unset), those `lost` during the run left out."""
+    unset), those `lost` during the run left out, each of class `lab.device_class` if set."""
     devices = [d for d in inv.devices if d.name not in lost]
-    count = cond.playbook.lab.devices
-    return list(devices if count is None else devices[:count])
+    count, cls = cond.playbook.lab.devices, cond.playbook.lab.device_class
+    chosen = devices if count is None else devices[:count]
+    return [d if cls is None else d.model_copy(update={"host_class": cls}) for d in chosen]
 
 
 def condition_dilation(cond: Condition) -> float:

@@ -20,6 +20,8 @@ from testbed.balance.budget import check_budget
 from testbed.config.faults import check_faults
 from testbed.config.playbook import (
     DEFAULT_MAX_CONDITIONS,
+    LAB_MAX_DEVICES,
+    TWIN_MAX_DEVICES,
     Condition,
     Playbook,
     Sweep,
@@ -89,18 +91,25 @@ FULL_CHECK = 1000  # up to this many conditions, a run checks every one before t
 
 
 def check_conditions(conditions: Sweep, topology: Topology, source: str) -> None:
-    """Refuse, before the lab comes up, a condition whose dilation its lab cannot run, whose
-    models the catalogue lacks or its hosts cannot hold, or whose injected faults it cannot
-    take (every condition of a sweep up to FULL_CHECK; past that the base playbook, the rest
-    as the run reaches them)."""
-    hosts = [(h.name, h.role, h.host_class) for h in topology.hosts]
+    """Refuse, before the lab comes up, a condition with more devices than a lab holds, whose
+    dilation its lab cannot run, whose models the catalogue lacks or its hosts cannot hold, or
+    whose injected faults it cannot take (every condition of a sweep up to FULL_CHECK; past
+    that the base playbook, the rest as the run reaches them)."""
     todo = conditions if len(conditions) <= FULL_CHECK else [next(iter(conditions))]
     for cond in todo:
         where = f"{source} ({cond.id})" if conditions.keys else source
+        count = cond.playbook.lab.devices
+        if count is not None and count > LAB_MAX_DEVICES:
+            raise BadInputError(
+                f"{where}: lab.devices: {count} is over the {LAB_MAX_DEVICES} devices a lab "
+                f"holds (the twin, testbed simulate, takes up to {TWIN_MAX_DEVICES:,})"
+            )
+        cls = cond.playbook.lab.device_class
+        hosts = [(h.name, h.role, cls if cls and h.role == "device" else h.host_class)
+                 for h in topology.hosts]  # fmt: skip
         time_dilation(cond.playbook, where)
         check_emulation(cond.playbook, hosts, where)
         check_workload(cond.playbook, where)
-        count = cond.playbook.lab.devices
         devices = [h.name for h in topology.hosts if h.role == "device"][:count]
         check_faults(cond.playbook.faults, cond.playbook.mode, devices,
                      cond.playbook.condition_timeout_s, where)  # fmt: skip

@@ -100,7 +100,8 @@ def stood_for_lengths(
     if count > len(data):
         raise BadInputError(f"{where}: {count} requests, but {path} has {len(data)} questions")
     pairs = [(p.question, p.answer) for p in data]
-    every = catalogue.lengths(name, stood_for_model(target_as), pairs, pairs, where)
+    every = catalogue.lengths(name, stood_for_model(target_as), pairs, pairs, where,
+                              workload.answer_scale)  # fmt: skip
     drawn = random.Random(workload.seed).sample(range(len(data)), count)
     return [data[i].id for i in drawn], [every[i] for i in drawn], every
 
@@ -141,7 +142,7 @@ def lengths_of(workload: WorkloadSection, target_as: str, pool: list[Problem]) -
     everything = [(p.question, p.answer) for p in load_gsm8k(path)]
     return load_workloads().lengths(
         name, stood_for_model(target_as), [(p.question, p.answer) for p in pool], everything,
-        f"workload.stands_for {name}",
+        f"workload.stands_for {name}", workload.answer_scale,
     )  # fmt: skip
 
 

@@ -176,6 +176,15 @@ class Topology(BaseModel):
 
     # --- variants --------------------------------------------------------------------------
 
+    def with_device_class(self, host_class: str) -> Topology:
+        """The same topology with every device of class `host_class` (a playbook's
+        `lab.device_class`)."""
+        hosts = [
+            h.model_copy(update={"host_class": host_class}) if h.role == "device" else h
+            for h in self.hosts
+        ]
+        return self.model_copy(update={"hosts": hosts})
+
     def with_primary_profile(self, profile: LinkProfile) -> Topology:
         """The same topology with every primary link set to `profile` (a playbook's `link`)."""
         links = [

@@ -190,17 +190,18 @@ class WorkloadCatalogue:
 
     def lengths(
         self, name: str, target: str, questions: Sequence[tuple[str, str]],
-        everything: Sequence[tuple[str, str]], where: str,
+        everything: Sequence[tuple[str, str]], where: str, answer_scale: float = 1.0,
     ) -> list[Lengths]:  # fmt: skip
         """The stood-for lengths of each (question, solution) of `questions`, the answers
-        scaled by the mean over `everything` (the whole data set)."""
+        scaled by the mean over `everything` (the whole data set), then by `answer_scale`
+        (a playbook's `workload.answer_scale`)."""
         entry = self.entry(name, where)
         per_word = self.tokens_per_word(name)
         counted = [solution_words(s) * per_word for _, s in everything]
         if not counted or sum(counted) <= 0:
             raise BadInputError(f"{where}: the data set of workload {name!r} has no solutions")
         mean = self.mean_answer(name, target, where)
-        scale = 1.0 if mean is None else mean / (sum(counted) / len(counted))
+        scale = answer_scale * (1.0 if mean is None else mean / (sum(counted) / len(counted)))
         return [
             Lengths(
                 entry.prompt.template_tokens + max(1, round(words(q) * per_word)),
