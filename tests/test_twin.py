@@ -138,6 +138,23 @@ def test_centralized_throughput_fails_without_batching(monkeypatch):
     assert centralized_rate(tc, 0.02, monkeypatch) != pytest.approx(800, rel=0.01)
 
 
+def test_a_waiting_centralized_request_counts_a_send_every_timeout(monkeypatch):
+    """Requests queued one at a time behind each other: a device sends its GENERATE again
+    every 0.3 s until the RESULT comes, so its attempts are the send times before the answer,
+    floor(wait / 0.3) + 1, though the twin counts the repeats the server would drop instead of
+    sending them; and the server generates each request once."""
+    tc = condition("centralized", devices=6, answer=40, rtt_s=0.02, max_batch=1,
+                   timeout_s=0.3)  # fmt: skip
+    monkeypatch.setattr(twin_sled, "step_seconds", lambda hw, model, batch: 0.02)
+    records = Twin(tc).run()
+    firsts = {r["dev"]: r["attempts"] for r in records.rounds if r["round"] == 0}
+    waits = {r["dev"]: r["t_end"] - r["t_start"] for r in records.requests}
+    assert max(waits.values()) > 4  # the last waits behind five answers of 40 steps
+    assert firsts == {d: int(w // 0.3) + 1 for d, w in waits.items()}
+    span = max(waits.values())
+    assert span == pytest.approx(6 * (40 * 0.02) + 0.02, abs=0.05)  # no request made twice
+
+
 def failed_share(tc: TwinCondition) -> float:
     """Of the rounds that sent a verification (one attempt: retries 0), the share lost."""
     rounds = [r for r in Twin(tc, 3).run().rounds if r["attempts"] >= 1]

@@ -72,6 +72,8 @@ class Ask:
     answer: simpy.Event
     tokens: int = 0  # centralized: the answer's length
     served: bool = False
+    pending: bool = False  # centralized: queued or generating on the server
+    generated: simpy.Event | None = None  # centralized: fires when the server has generated it
     batch: int = 0
     refused: bool = False  # the KV pool had no room: `kv_pool_full`
     first_s: float | None = None  # centralized: the end of its first token's step
@@ -180,6 +182,13 @@ class Twin:
             self._after(self._one_way(), lambda: self._receive(ask))
 
     def _receive(self, ask: Ask) -> None:
+        if self.tc.mode == "centralized":  # as the agents' server takes a repeated GENERATE:
+            if ask.served:  # answered again from its cache of replies
+                self._send_down(ask)
+                return
+            if ask.pending:  # already queued or generating: dropped, the device waits on
+                return
+            ask.pending = True
         self.queue.put(ask)
 
     def _send_down(self, ask: Ask) -> None:
@@ -432,13 +441,9 @@ class Twin:
             if not running and not self.queue.items:
                 first = yield self.queue.get()
                 self.queue.items.insert(0, first)
-            fresh: list[Ask] = []
+            fresh: list[Ask] = []  # the queue holds each request once (`_receive`)
             while self.queue.items and len(running) + len(fresh) < tc.max_batch:
-                ask = self.queue.items.pop(0)
-                if ask.served:
-                    self._send_down(ask)
-                elif all(ask is not r[0] for r in running) and ask not in fresh:
-                    fresh.append(ask)
+                fresh.append(self.queue.items.pop(0))
             batch = [(a.shape.new, 0) for a in fresh] + [(1, c) for _, _, c in running]
             yield env.timeout(step_seconds(tc.server, tc.target, batch))
             running += [[a, a.tokens - 1, a.shape.new + 1] for a in fresh]
@@ -450,6 +455,8 @@ class Twin:
             for r in [r for r in running if r[1] <= 0]:
                 running.remove(r)
                 r[0].served, r[0].batch = True, len(batch)
+                if r[0].generated is not None:
+                    r[0].generated.succeed()
                 self._send_down(r[0])
 
     def _central_device(self, dev: TwinDevice) -> Generator:
@@ -459,14 +466,23 @@ class Twin:
         for req in dev.requests:
             t0 = env.now
             ask = Ask(dev.name, Shape(0, req.prompt_tokens), env.event(), tokens=req.answer_tokens)
-            attempts = 0
+            attempts, period = 0, retry.timeout_s()  # no sample is taken per request
             while not ask.answer.triggered:
                 # as the agents do: the same GENERATE again every timeout until the RESULT
                 # comes (the server ignores a repeat while it generates and answers one
                 # from its cache once done)
                 attempts += 1
                 self._send_up(ask)
-                yield ask.answer | env.timeout(retry.timeout_s())
+                yield ask.answer | env.timeout(period)
+                if ask.pending and not ask.served and not ask.answer.triggered:
+                    # the server holds it, so every repeat until it is generated is dropped:
+                    # count them instead of sending them (those in the last one-way delay
+                    # before it is done, which the cache would answer, count as dropped too)
+                    t_next, ask.generated = env.now, env.event()
+                    yield ask.answer | ask.generated
+                    sent = int((env.now - t_next) // period) + 1
+                    attempts += sent
+                    yield ask.answer | env.timeout(t_next + sent * period - env.now)
             decode_ms = None if ask.first_s is None else (ask.last_s - ask.first_s) * 1000
             first = {"attempts": attempts, "batch": ask.batch}
             for row in centralized_rounds(dev.name, req.problem, t0, env.now, req.answer_tokens,
