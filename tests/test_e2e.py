@@ -362,6 +362,34 @@ def test_every_mode_gives_the_targets_greedy_output_at_zero_loss(root_netns, tmp
     assert leftovers(LAB) == []
 
 
+def test_a_swept_device_class_paces_the_devices_to_its_hardware(root_netns, tmp_path, tiny_pair):
+    """`lab.device_class` swept over one lab: each condition's devices carry the class in its
+    hosts table and draft at that hardware's modelled speed (a Jetson Orin Nano drafts the 1B
+    faster than a Pi 5); the server keeps its own class."""
+    playbook = tmp_path / "classes.yaml"
+    playbook.write_text(
+        "name: classes\ntopology: topologies/star.yaml\n"
+        "models: {draft_as: llama-3.2-1b@q4_0, target_as: llama-3.1-8b@bf16}\n"
+        "workload: {problems_per_device: 1, max_new_tokens: 16}\n"
+        "impairment: {probe_packets: 30}\nlink: {rtt_ms: 20}\n"
+        "sweep:\n  lab.device_class: [pi5, jetson-orin-nano]\n"
+    )
+    outcome = execute(playbook, out=tmp_path / "results", say=lambda _m: None)
+    assert (outcome.done, outcome.failed) == (2, 0)
+    per_token = {}
+    for entry in RunStore(outcome.store.root).journal():
+        cls, cond = (
+            entry["values"]["lab.device_class"],
+            outcome.store.condition_dir(entry["condition"]),
+        )
+        hosts = pd.read_parquet(cond / "hosts.parquet").set_index("dev")["host_class"]
+        assert hosts.to_dict() == {"server": "a100", "dev1": cls, "dev2": cls}, cls
+        rounds = pd.read_parquet(cond / "rounds.parquet")
+        per_token[cls] = float((rounds["draft_modelled_ms"] / rounds["draft_len"]).median())
+    assert per_token["jetson-orin-nano"] < 0.7 * per_token["pi5"], per_token
+    assert leftovers(LAB) == []
+
+
 @pytest.mark.parametrize("kind", ["namespaces", "mininet"])
 def test_a_cut_primary_path_moves_a_run_to_the_backup_and_devices_keep_verifying(
     root_netns, tmp_path, tiny_pair, kind
