@@ -219,7 +219,7 @@ def test_bad_input_to_the_twin_names_file_and_key(tmp_path):
 
 
 def test_the_crossover_is_where_sled_wins_from_then_on():
-    from testbed.report.figures import crossover
+    from testbed.report.crossover import crossover
 
     assert crossover([1, 2, 4, 8], [1, 3, 5, 9], [2, 2, 6, 8]) == 8  # wins at 2, loses at 4
     assert crossover([1, 2, 4], [3, 3, 3], [2, 2, 2]) == 1
@@ -269,8 +269,20 @@ def test_the_crossover_figure_overlays_the_labs_validation_points(tmp_path):
     }
     assert all(s.x == [1.0, 2.0] and all(v > 0 for v in s.y) for s in points)
     assert "the lab's validation runs (2 series)" in after.note
-    # each setting's capacity at 15 tok/s a device, read off the same sweep, per mode
-    assert "capacity at 15 tok/s SLED " in before.note and " / centralized " in before.note
+    # the run's "Where SLED wins" table: each setting's crossover and capacity per mode
+    from testbed.report.crossover import crossover_rows, crossovers
+
+    run = load_run(store.root)
+    (point,) = crossovers(run.done)
+    assert set(point.curves) == {"sled", "centralized"}
+    headers, cells = crossover_rows([point])
+    assert headers[2] == "capacity at 15 tok/s: SLED" and len(cells) == 1
+    slowest = run.done.groupby(["mode", "devices"])["device_verified_tok_s_min"].mean()
+    for col, mode in ((2, "sled"), (3, "centralized")):
+        keeps = [n for n in (1, 2) if slowest[(mode, n)] >= 15]
+        want = 2 if keeps == [1, 2] else (1 if keeps[:1] == [1] else 0)
+        assert cells[0][col] == str(want), (mode, slowest)
+    assert "## Where SLED wins" in summary_markdown(run, [])
 
 
 def faked_lab(server_tok_s: float):

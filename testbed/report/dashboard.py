@@ -15,6 +15,7 @@ from testbed.report.capacity_searches import HEADERS as CAPACITY_HEADERS
 from testbed.report.capacity_searches import capacity_rows, capacity_searches
 from testbed.report.charts import Chart, Series, Skipped
 from testbed.report.compare import Tolerances, Verdict, compare_runs
+from testbed.report.crossover import CROSSOVER_NOTE, crossover_rows, crossovers
 from testbed.report.data import RunData
 from testbed.report.figures import all_figures
 from testbed.report.summary import headline_cells
@@ -120,6 +121,13 @@ def run_page(run: RunData) -> str:
             "<h2>Against the paper</h2>",
             f"<p>{html.escape(str(paper.get('source', '')))}</p>",
             html_table(*paper_rows(df, paper), table_id="paper"),
+        ]
+    crossed = crossovers(run.done)
+    if crossed:
+        parts += [
+            "<h2>Where SLED wins</h2>",
+            html_table(*crossover_rows(crossed), table_id="crossover"),
+            f"<p class='note'>{html.escape(CROSSOVER_NOTE)}</p>",
         ]
     points = compare_policies(df)
     if points:

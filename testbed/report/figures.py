@@ -11,16 +11,14 @@ import pandas as pd
 from pandas.api.typing import DataFrameGroupBy
 
 from testbed.core.stats import mean_ci
-from testbed.metrics.capacity import swept_capacity
 from testbed.report.charts import Chart, RefLine, Series, Skipped
+from testbed.report.crossover import crossovers
 from testbed.report.data import RunData
 from testbed.report.lab_overlay import lab_points
 
 Figure = Chart | Skipped
 WINDOW = 20  # rounds per point of the over-time curves
-# the per-device rate the crossover figure's capacities are read at: the SLED paper's (and the
-# seed capacity playbooks') 15 verified tok/s a device
-CROSSOVER_RATE = 15.0
+MAX_NAMED = 6  # crossovers named in the figure's note (all of them: the report's table)
 
 
 def _values(s: pd.Series) -> list[float | None]:
@@ -157,51 +155,28 @@ def sled_vs_centralized(run: RunData) -> Figure:
     return Chart(key, title, "devices", "system verified tokens/s", series, note=note)
 
 
-def crossover(devices: list[float], sled: list[float], central: list[float]) -> float | None:
-    """The smallest device count from which SLED's verified throughput is at least the
-    centralized server's at every larger count (None: nowhere)."""
-    wins = [s >= c for s, c in zip(sled, central)]
-    for i in range(len(devices)):
-        if all(wins[i:]):
-            return devices[i]
-    return None
-
-
 def where_sled_wins(run: RunData) -> Figure:
     """SLED against centralized over device count, one pair of curves per other swept
-    setting (RTT, target, ...), the crossover of each named."""
+    setting (RTT, target, ...); the crossovers and capacities are the report's "Where SLED
+    wins" table (testbed.report.crossover)."""
     key, title = "where_sled_wins", "Where SLED wins: verified throughput over device count"
     df = _by_devices(run, key, title)
     if isinstance(df, Skipped):
         return df
     if not {"sled", "centralized"} <= set(df["mode"]):
         return Skipped(key, title, "the run does not sweep both sled and centralized")
-    other = [c for c in df.columns if c.startswith("sweep.")
-             and c not in ("sweep.mode", "sweep.lab.devices", "sweep.repetition")]  # fmt: skip
-    series, notes = [], []
-    for values, part in df.groupby(other) if other else [((), df)]:
-        keyed = zip(other, values if isinstance(values, tuple) else (values,))
-        label = ", ".join(f"{k.removeprefix('sweep.')}={v}" for k, v in keyed)
-        curves, capacity = {}, {}
-        for mode, rows in part.groupby("mode"):
-            means = rows.groupby("devices")["system_verified_tok_s"].mean()
-            curves[mode] = means
-            slowest = rows.groupby("devices")["device_verified_tok_s_min"].mean()
-            capacity[mode] = swept_capacity(
-                {int(n): None if pd.isna(v) else float(v) for n, v in slowest.items()},
-                CROSSOVER_RATE,
-            )
-            series.append(Series(f"{mode} {label}".strip(), [float(n) for n in means.index],
-                                 [float(v) for v in means.to_numpy()]))  # fmt: skip
-        if not {"sled", "centralized"} <= set(curves):
-            continue
-        both = curves["sled"].index.intersection(curves["centralized"].index)
-        at = crossover([float(n) for n in both], list(curves["sled"][both]),
-                       list(curves["centralized"][both]))  # fmt: skip
-        notes.append(f"{label or 'all'}: " + (f"SLED wins from {at:g} devices" if at is not None
-                                               else "centralized wins at every count")
-                     + f", capacity at {CROSSOVER_RATE:g} tok/s SLED {capacity['sled']}"
-                     f" / centralized {capacity['centralized']}")  # fmt: skip
+    points = crossovers(df)
+    series = [
+        Series(f"{mode} {p.setting}".strip(), [float(n) for n in curve.index],
+               [float(v) for v in curve.to_numpy()])
+        for p in points for mode, curve in p.curves.items()
+    ]  # fmt: skip
+    won = [p for p in points if p.wins_from is not None]
+    notes = [f"SLED overtakes centralized in {len(won)} of {len(points)} settings"
+             + "".join(f"; {p.setting or 'all'}: from {p.wins_from:g} devices"
+                       for p in won[:MAX_NAMED])
+             + ("; ..." if len(won) > MAX_NAMED else "")
+             + " (capacities: the Where SLED wins table)"]  # fmt: skip
     simulated = " (simulated by the twin)" if run.manifest.get("simulated") else ""
     if simulated:
         overlay = lab_points(run.root.parent)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from testbed.report.charts import Chart, Skipped
+from testbed.report.crossover import CROSSOVER_NOTE, crossover_rows, crossovers
 from testbed.report.data import RunData
 from testbed.results.condition_table import (
     SUMMARY_COLUMNS,
@@ -76,6 +77,10 @@ def summary_markdown(run: RunData, figures: list[Chart | Skipped]) -> str:
     if paper:
         lines += ["", "## Against the paper", "", f"Source: {paper.get('source', '')}", ""]
         lines += markdown_table(*paper_rows(df, paper))
+    crossed = crossovers(run.done)
+    if crossed:
+        lines += ["", "## Where SLED wins", ""]
+        lines += [*markdown_table(*crossover_rows(crossed)), "", CROSSOVER_NOTE]
     points = compare_policies(df)
     if points:
         lines += ["", "## BALANCE: the hybrid against the better single mode", ""]
