@@ -322,19 +322,24 @@ def test_same_experiment_on_all_three_lab_kinds(root_netns, tmp_path, tiny_pair)
     assert leftovers(LAB) == [] and leftovers("ehosts") == []
 
 
+def run_text(tmp_path: Path, text: str):
+    """`testbed run` (the runner, in process) of the playbook `text`, results under tmp_path."""
+    playbook = tmp_path / "playbook.yaml"
+    playbook.write_text(text)
+    return execute(playbook, out=tmp_path / "results", say=lambda _m: None)
+
+
 def test_every_mode_gives_the_targets_greedy_output_at_zero_loss(root_netns, tmp_path, tiny_pair):
     """SLED with fixed and adaptive drafting and look-ahead, and the centralized baseline, run
     through the runner with the playbook's agent settings: at 0 % loss every answer is the
     target's own greedy answer; a swept device count uses the first N devices of one lab."""
-    playbook = tmp_path / "modes.yaml"
-    playbook.write_text(
+    outcome = run_text(tmp_path, (
         "name: modes\nworkload: {problems_per_device: 2, max_new_tokens: 24}\n"
         "impairment: {probe_packets: 50}\nlink: {rtt_ms: 20}\n"
         "sled: {lookahead: 4, copies: 2}\n"
         "sweep:\n  mode: [sled, centralized]\n  sled.draft_policy: [fixed, adaptive]\n"
         "  lab.devices: [2]\n"
-    )
-    outcome = execute(playbook, out=tmp_path / "results", say=lambda _m: None)
+    ))  # fmt: skip
     assert (outcome.done, outcome.failed) == (4, 0)
     for entry in RunStore(outcome.store.root).journal():
         cid, mode = entry["condition"], entry["values"]["mode"]
@@ -366,15 +371,13 @@ def test_a_swept_device_class_paces_the_devices_to_its_hardware(root_netns, tmp_
     """`lab.device_class` swept over one lab: each condition's devices carry the class in its
     hosts table and draft at that hardware's modelled speed (a Jetson Orin Nano drafts the 1B
     faster than a Pi 5); the server keeps its own class."""
-    playbook = tmp_path / "classes.yaml"
-    playbook.write_text(
+    outcome = run_text(tmp_path, (
         "name: classes\ntopology: topologies/star.yaml\n"
         "models: {draft_as: llama-3.2-1b@q4_0, target_as: llama-3.1-8b@bf16}\n"
         "workload: {problems_per_device: 1, max_new_tokens: 16}\n"
         "impairment: {probe_packets: 30}\nlink: {rtt_ms: 20}\n"
         "sweep:\n  lab.device_class: [pi5, jetson-orin-nano]\n"
-    )
-    outcome = execute(playbook, out=tmp_path / "results", say=lambda _m: None)
+    ))  # fmt: skip
     assert (outcome.done, outcome.failed) == (2, 0)
     per_token = {}
     for entry in RunStore(outcome.store.root).journal():

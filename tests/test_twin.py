@@ -226,6 +226,24 @@ def test_the_crossover_is_where_sled_wins_from_then_on():
     assert crossover([1, 2], [1, 1], [2, 2]) is None
 
 
+def test_a_setting_where_sled_leads_then_collapses_has_no_crossover_but_a_lead():
+    """SLED ahead at 256 devices and behind again at 1,000: no crossover (it does not stay
+    ahead), the lead named; capacities per mode from the slowest device's rate."""
+    from testbed.report.crossover import crossovers
+
+    rows = [("sled", 16, 70.0, 16.0), ("sled", 256, 900.0, 3.0), ("sled", 1000, 10.0, 0.0),
+            ("centralized", 16, 500.0, 40.0), ("centralized", 256, 850.0, 1.5),
+            ("centralized", 1000, 850.0, 0.2)]  # fmt: skip
+    done = pd.DataFrame(rows, columns=["mode", "devices", "system_verified_tok_s",
+                                       "device_verified_tok_s_min"])  # fmt: skip
+    done["sweep.link.rtt_ms"] = 10
+    (point,) = crossovers(done)
+    assert point.setting == "link.rtt_ms=10" and point.wins_from is None
+    assert point.ahead_at == [256] and point.capacity == {"sled": 16, "centralized": 16}
+    assert point.ratio_at_most == pytest.approx(10 / 850)
+    assert crossovers(done[done["devices"] == 16]) == []  # one count: no map
+
+
 def test_a_sweeps_capacity_is_the_last_count_before_the_first_miss():
     from testbed.metrics.capacity import swept_capacity
 
@@ -276,9 +294,9 @@ def test_the_crossover_figure_overlays_the_labs_validation_points(tmp_path):
     (point,) = crossovers(run.done)
     assert set(point.curves) == {"sled", "centralized"}
     headers, cells = crossover_rows([point])
-    assert headers[2] == "capacity at 15 tok/s: SLED" and len(cells) == 1
+    assert headers[3] == "capacity at 15 tok/s: SLED" and len(cells) == 1
     slowest = run.done.groupby(["mode", "devices"])["device_verified_tok_s_min"].mean()
-    for col, mode in ((2, "sled"), (3, "centralized")):
+    for col, mode in ((3, "sled"), (4, "centralized")):
         keeps = [n for n in (1, 2) if slowest[(mode, n)] >= 15]
         want = 2 if keeps == [1, 2] else (1 if keeps[:1] == [1] else 0)
         assert cells[0][col] == str(want), (mode, slowest)

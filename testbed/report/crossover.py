@@ -32,6 +32,12 @@ class Crossover:
     capacity: dict[str, int]  # mode -> devices keeping CROSSOVER_RATE each
 
     @property
+    def ahead_at(self) -> list[int]:
+        """The counts at which SLED's verified throughput is at least the centralized one's."""
+        both = self.curves["sled"].index.intersection(self.curves["centralized"].index)
+        return [int(n) for n in both if self.curves["sled"][n] >= self.curves["centralized"][n]]
+
+    @property
     def ratio_at_most(self) -> float | None:
         """SLED over centralized at the largest count both ran."""
         both = self.curves["sled"].index.intersection(self.curves["centralized"].index)
@@ -81,14 +87,16 @@ def crossovers(done: pd.DataFrame) -> list[Crossover]:
 
 def crossover_rows(points: list[Crossover]) -> tuple[list[str], list[list[str]]]:
     """The table of the report and the dashboard: one row per setting."""
-    headers = ["setting", "SLED wins from", f"capacity at {CROSSOVER_RATE:g} tok/s: SLED",
-               "centralized", "SLED / centralized at the most devices"]  # fmt: skip
+    headers = ["setting", "SLED wins from", "SLED ahead at",
+               f"capacity at {CROSSOVER_RATE:g} tok/s: SLED", "centralized",
+               "SLED / centralized at the most devices"]  # fmt: skip
     cells = []
     for p in points:
         ratio = p.ratio_at_most
         cells.append([
             p.setting or "all",
             "never" if p.wins_from is None else f"{p.wins_from:g} devices",
+            ", ".join(map(str, p.ahead_at)) or "-",
             str(p.capacity["sled"]),
             str(p.capacity["centralized"]),
             "-" if ratio is None else f"{ratio:.2f}",
@@ -98,7 +106,8 @@ def crossover_rows(points: list[Crossover]) -> tuple[list[str], list[list[str]]]
 
 CROSSOVER_NOTE = (
     "SLED wins from: the smallest device count from which SLED's system verified tok/s is at "
-    "least the centralized server's at every larger swept count; capacity: the largest swept "
+    "least the centralized server's at every larger swept count; SLED ahead at: every swept "
+    "count where it is at least the centralized one's; capacity: the largest swept "
     f"count at which the slowest device keeps {CROSSOVER_RATE:g} verified tok/s (every smaller "
     "swept count keeping it too); repetitions averaged per count"
 )
