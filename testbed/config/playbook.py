@@ -27,7 +27,7 @@ from testbed.core.errors import BadInputError
 from testbed.core.loading import read_yaml, validate
 from testbed.core.paths import REPO_ROOT
 from testbed.topo.classes import host_classes
-from testbed.topo.files import load_topology, topology_profiles
+from testbed.topo.files import MAX_DEVICES, load_topology, topology_profiles
 from testbed.topo.profile import LinkProfile
 from testbed.topo.schedule import timeline
 from testbed.topo.topology import Topology
@@ -39,9 +39,9 @@ from testbed.topo.topology import Topology
 # emulated device computes at its class's hardware speed, set per condition).
 RUN_WIDE_KEYS = ("name", "sweep", "topology", "lab", "models.draft", "models.target", "paper")
 SWEEPABLE_LAB_KEYS = ("lab.devices", "lab.time_dilation", "lab.device_class")
-# An emulated lab holds up to LAB_MAX_DEVICES devices (two CPUs, one sshd and agent each); the
-# twin (`testbed simulate`) takes a playbook up to TWIN_MAX_DEVICES.
-LAB_MAX_DEVICES = 200
+# A lab holds up to LAB_MAX_DEVICES devices (topology files' limit); the twin (`testbed
+# simulate`) takes a playbook up to TWIN_MAX_DEVICES.
+LAB_MAX_DEVICES = MAX_DEVICES
 TWIN_MAX_DEVICES = 100_000
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from testbed.core import paths
 from testbed.core.loading import validate
 from testbed.labs import naming
+from testbed.topo.files import MAX_DEVICES
 from testbed.topo.topology import TopoHost, Topology
 
 
@@ -129,7 +130,6 @@ class LabSetup(BaseModel):
         ]
 
 
-MAX_DEVICES = 200
 NAMESPACE_HOST_RE = re.compile(r"^[a-z][a-z0-9_-]{0,12}$")
 
 

@@ -27,7 +27,7 @@ from testbed.topo.classes import host_classes
 from testbed.topo.profile import LinkProfile
 from testbed.topo.topology import TopoHost, TopoLink, Topology
 
-MAX_DEVICES = 200
+MAX_DEVICES = 200  # the devices one lab holds (two CPUs: one sshd and agent each)
 
 
 class _Strict(BaseModel):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from agents.emulation.stepcost import Hardware, ModelShape
 from agents.workloads.arithmetic import prompt as prompt_of
-from testbed.config.playbook import Condition, Playbook, playbook_topology
+from testbed.config.playbook import TWIN_MAX_DEVICES, Condition, Playbook, playbook_topology
 from testbed.core.errors import BadInputError
 from testbed.core.paths import cache_dir
 from testbed.runner.draft_choice import stood_for_acceptance
@@ -37,8 +37,6 @@ from testbed.topo.profile import GilbertElliott, JitterDist, LinkProfile
 from testbed.topo.schedule import timeline
 from testbed.twin.measured import MeasuredAcceptance
 
-MAX_DEVICES = 100_000
-"""The most devices one simulated condition takes (`lab.devices`)."""
 PROMPT_TOKENS_PER_WORD = 1.3  # a request without prompt ids: its words, as tokens
 
 
@@ -162,8 +160,8 @@ def twin_condition(
     hosts = [h for h in topo.hosts if h.role == "device"]
     key = "--devices" if devices is not None else "lab.devices"
     count = devices or pb.lab.devices or len(hosts)
-    if count > MAX_DEVICES:
-        raise BadInputError(f"{where}: {key}: {count} is over the twin's {MAX_DEVICES:,}")
+    if count > TWIN_MAX_DEVICES:
+        raise BadInputError(f"{where}: {key}: {count} is over the twin's {TWIN_MAX_DEVICES:,}")
     if count > len(hosts):
         if len({h.host_class for h in hosts}) != 1:
             raise BadInputError(
