@@ -76,6 +76,29 @@ def test_adaptive_timeout_follows_the_rtt_within_bounds():
     assert FixedTimeout(200).timeout_s() == 0.2
 
 
+def test_a_backoff_timeout_doubles_on_each_expiry_until_a_fresh_sample():
+    """RFC 6298 5.5: each unanswered attempt doubles the wait (up to the ceiling); the next
+    first-attempt sample brings it back to SRTT + 4 RTTVAR. Without back-off it stays put."""
+    policy = AdaptiveTimeout(initial_ms=200, min_ms=20, max_ms=1000, backoff=True)
+    policy.observe(10.0)  # the HELLO's round trip: 10 + 4 * 5 = 30 ms
+    assert policy.timeout_ms == 30.0
+    policy.expired()
+    policy.expired()
+    assert policy.timeout_ms == 120.0
+    for _ in range(10):
+        policy.expired()
+    assert policy.timeout_ms == 1000  # capped
+    policy.observe(40.0)  # a verification answered on its first attempt
+    assert policy.timeout_ms == pytest.approx(0.875 * 10 + 0.125 * 40 + 4 * (0.75 * 5 + 0.25 * 30))
+    plain = AdaptiveTimeout(initial_ms=200, min_ms=20, max_ms=1000)
+    plain.observe(10.0)
+    plain.expired()
+    assert plain.timeout_ms == 30.0
+    fixed = FixedTimeout(200)
+    fixed.expired()
+    assert fixed.timeout_s() == 0.2
+
+
 class DelayedPong(UdpPeer):
     """Answers each PING after delay_s; drops the first `drop` PINGs it sees."""
 
@@ -89,6 +112,21 @@ class DelayedPong(UdpPeer):
             msg = wire.decode(data, KEY)
             time.sleep(self.delay_s)
             self.sock.sendto(wire.Pong(msg.rid).encode(KEY), addr)
+
+
+def test_the_link_backs_off_after_an_unanswered_attempt():
+    """A dropped first PING: the link tells the policy, whose next wait is twice as long; the
+    retried exchange gives no sample (Karn), so the back-off stays for the next exchange."""
+    peer = DelayedPong(0.0, drop=1)
+    link = ServerLink(peer.addr, KEY, bind=("127.0.0.1", 0))
+    policy = AdaptiveTimeout(initial_ms=100, min_ms=10, max_ms=1000, backoff=True)
+    try:
+        ex = link.request(wire.Ping("d1", 1), lambda m: isinstance(m, wire.Pong), policy, 3)
+        assert ex.attempts == 2 and policy.srtt_ms is None
+        assert policy.timeout_ms == 200
+    finally:
+        link.close()
+        peer.stop()
 
 
 def test_the_link_feeds_first_attempt_rtts_to_the_policy_only():

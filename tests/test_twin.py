@@ -615,3 +615,23 @@ def test_the_twin_drafts_on_the_swept_device_class(tmp_path):
     assert {d.host_class for d in twins["jetson-orin-nano"].devices} == {"jetson-orin-nano"}
     pi5, jetson = (twins[k].devices[0].hardware for k in ("pi5", "jetson-orin-nano"))
     assert (pi5.name, jetson.name) == ("pi5", "jetson-orin-nano")
+
+
+def test_a_backoff_timeout_keeps_a_low_rtt_fleet_verifying():
+    """8 Orin Nano Super devices 10 ms from a 4x A100 verifying the 70B: the adaptive timeout,
+    seeded by the HELLO's round trip (about 30 ms), is shorter than a batched verification,
+    so no first attempt is answered and every round falls back; with RFC 6298's back-off the
+    wait doubles until a verdict comes in time and no round falls back."""
+    cat = load_catalogue()
+    jetson = cat.hardware("jetson-orin-nano-super", "test")
+
+    def fallback_share(policy: str) -> float:
+        tc = condition("sled", devices=8, answer=300, rtt_s=0.01, timeout_policy=policy,
+                       target=cat.model("llama-3.1-70b@bf16", "test"))  # fmt: skip
+        tc = dataclasses.replace(
+            tc, devices=tuple(dataclasses.replace(d, hardware=jetson) for d in tc.devices)
+        )
+        return float(np.mean([r["mode"] == "fallback" for r in Twin(tc, 1).run().rounds]))
+
+    assert fallback_share("adaptive") > 0.9
+    assert fallback_share("backoff") == 0.0

@@ -63,7 +63,8 @@ class DeviceConfig:
     draft_policy "fixed" drafts draft_len tokens per round; "adaptive" lets
     `DraftLengthController` choose within [draft_min, draft_max] toward target_acceptance.
     timeout_policy "fixed" waits timeout_ms per attempt; "adaptive" starts there and follows
-    the measured RTT (`AdaptiveTimeout`) within [timeout_min_ms, timeout_max_ms].
+    the measured RTT (`AdaptiveTimeout`) within [timeout_min_ms, timeout_max_ms]; "backoff" is
+    "adaptive" that also doubles the wait on each unanswered attempt until a fresh sample.
     """
 
     dev: str
@@ -76,7 +77,7 @@ class DeviceConfig:
     draft_min: int = 3
     draft_max: int = 8
     target_acceptance: float = 0.75
-    timeout_policy: Literal["fixed", "adaptive"] = "fixed"
+    timeout_policy: Literal["fixed", "adaptive", "backoff"] = "fixed"
     timeout_min_ms: float = 20.0
     timeout_max_ms: float = 1000.0
     mode: Literal["sled", "centralized", "device-only"] = "sled"
@@ -90,8 +91,9 @@ class DeviceConfig:
     generate_timeout_s: float = 300.0
 
     def retry_policy(self) -> RetryPolicy:
-        if self.timeout_policy == "adaptive":
-            return AdaptiveTimeout(self.timeout_ms, self.timeout_min_ms, self.timeout_max_ms)
+        if self.timeout_policy in ("adaptive", "backoff"):
+            return AdaptiveTimeout(self.timeout_ms, self.timeout_min_ms, self.timeout_max_ms,
+                                   backoff=self.timeout_policy == "backoff")  # fmt: skip
         return FixedTimeout(self.timeout_ms)
 
     def draft_controller(self) -> DraftLengthController | None:
@@ -467,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-min", type=int, default=3)
     ap.add_argument("--draft-max", type=int, default=8)
     ap.add_argument("--target-acceptance", type=float, default=0.75)
-    ap.add_argument("--timeout-policy", choices=["fixed", "adaptive"], default="fixed")
+    ap.add_argument("--timeout-policy", choices=["fixed", "adaptive", "backoff"], default="fixed")
     ap.add_argument("--timeout-min-ms", type=float, default=20.0)
     ap.add_argument("--timeout-max-ms", type=float, default=1000.0)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")

@@ -97,6 +97,7 @@ class ServerLink:
                         policy.observe(rtt_ms)
                     return Exchange(reply, attempt, rtt_ms, (now - first) * 1000)
                 if now >= deadline:
+                    policy.expired()
                     break
         return Exchange(None, retries + 1, None, (clock.monotonic() - first) * 1000)
 

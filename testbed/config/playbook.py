@@ -219,7 +219,13 @@ class SledSection(Strict):
         0.75, gt=0, lt=1, description="adaptive: acceptance aimed at"
     )
     timeout_ms: float = device_setting(200.0, gt=0)
-    timeout_policy: Literal["fixed", "adaptive"] = device_setting("fixed")
+    timeout_policy: Literal["fixed", "adaptive", "backoff"] = device_setting(
+        "fixed",
+        description="fixed: timeout_ms a try; adaptive: SRTT + 4 RTTVAR of first-try round "
+        "trips (RFC 6298, Karn's rule) within [timeout_min_ms, timeout_max_ms]; backoff: "
+        "adaptive that doubles the wait on each unanswered try until a fresh sample (RFC 6298 "
+        "5.5)",
+    )
     timeout_min_ms: float = device_setting(20.0, gt=0, description="adaptive timeout: floor")
     timeout_max_ms: float = device_setting(1000.0, gt=0, description="adaptive timeout: ceiling")
     retries: int = device_setting(3, ge=0)

@@ -334,6 +334,7 @@ class Twin:
                             if attempts == 1:  # Karn's rule, as the agents keep it
                                 retry.observe((env.now - sent) * 1e3)
                             break
+                        retry.expired()  # unanswered: a back-off policy waits longer next
                     if not got:
                         online[0] = False
                         probes.offline(env.now)
@@ -425,11 +426,14 @@ class Twin:
         """The device's retry policy after its HELLO: the agents' adaptive timeout takes the
         HELLO's round trip as its first sample when the first attempt was answered."""
         tc = self.tc
-        if tc.timeout_policy != "adaptive":
+        if tc.timeout_policy not in ("adaptive", "backoff"):
             return FixedTimeout(tc.timeout_s * 1e3)
-        retry = AdaptiveTimeout(tc.timeout_s * 1e3, tc.timeout_min_s * 1e3, tc.timeout_max_s * 1e3)
+        retry = AdaptiveTimeout(tc.timeout_s * 1e3, tc.timeout_min_s * 1e3, tc.timeout_max_s * 1e3,
+                                backoff=tc.timeout_policy == "backoff")  # fmt: skip
         if self._arrives(dev, "up") and self._arrives(dev, "down"):
             retry.observe((self._one_way() + self._one_way()) * 1e3)
+        else:  # the first HELLO unanswered: a back-off policy waits longer from then on
+            retry.expired()
         return retry
 
     # --- centralized -----------------------------------------------------------------------
