@@ -60,6 +60,7 @@ Direction = Literal["up", "down"]
 UNPACED = {"model": "twin", "paced": False, "forwards": 0, "behind": 0, "modelled_s": 0.0,
            "computed_s": 0.0}  # fmt: skip
 """A simulated round computes nothing: no forward to pace."""
+IDLE_POLL_S = 0.1  # an idle agents' server wakes this often (its select timeout)
 EPOCH = 1_000_000.0  # records' times start here (a lab's are epoch seconds; none is 0)
 
 
@@ -72,7 +73,7 @@ class Ask:
     answer: simpy.Event
     tokens: int = 0  # centralized: the answer's length
     served: bool = False
-    pending: bool = False  # centralized: queued or generating on the server
+    pending: bool = False  # queued, being verified or generated on the server
     generated: simpy.Event | None = None  # centralized: fires when the server has generated it
     batch: int = 0
     refused: bool = False  # the KV pool had no room: `kv_pool_full`
@@ -136,6 +137,9 @@ class Twin:
         self.kv_wait: OrderedDict[str, tuple[Ask, float]] = OrderedDict()  # queue policy
         self.weyl: dict[str, float] = {}  # device -> its acceptance's low-discrepancy phase
         self.refusals = 0
+        # the end of the server's forward steps in hand: it reads no datagram before (the
+        # agents' server is one loop), so a HELLO arriving meanwhile is answered then
+        self.free_at = EPOCH
 
     # --- the link --------------------------------------------------------------------------
 
@@ -182,14 +186,14 @@ class Twin:
             self._after(self._one_way(), lambda: self._receive(ask))
 
     def _receive(self, ask: Ask) -> None:
-        if self.tc.mode == "centralized":  # as the agents' server takes a repeated GENERATE:
-            if ask.served:  # answered again from its cache of replies
-                self._send_down(ask)
-                return
-            if ask.pending:  # already queued or generating: dropped, the device waits on
-                return
+        """As the agents' server takes a repeated VERIFY or GENERATE (the same request id):
+        once answered, answered again from its cache of replies; while queued, verified or
+        generated, dropped (the device waits on)."""
+        if ask.served:
+            self._send_down(ask)
+        elif not ask.pending:
             ask.pending = True
-        self.queue.put(ask)
+            self.queue.put(ask)
 
     def _send_down(self, ask: Ask) -> None:
         if self._arrives(ask.dev, "down"):
@@ -204,22 +208,27 @@ class Twin:
     def _sled_server(self) -> Generator:
         tc = self.tc
         while True:
-            first = yield self.queue.get()
-            yield self.env.timeout(tc.window_s)
-            waiting = [first, *self.queue.items]
+            get = self.queue.get()
+            if self.kv_wait:  # as the agents' server: it looks at its wait line when idle
+                fired = yield get | self.env.timeout(IDLE_POLL_S)
+                if get not in fired:
+                    get.cancel()
+            else:
+                yield get
+            if get.triggered:
+                yield self.env.timeout(tc.window_s)
+            waiting = [get.value] if get.triggered else []
+            waiting += self.queue.items  # each request once (`_receive`)
             self.queue.items.clear()
-            fresh: dict[int, Ask] = {}
-            for ask in waiting:
-                if ask.served:  # an attempt again: answered from what it was told
-                    self._send_down(ask)
-                else:
-                    fresh.setdefault(id(ask), ask)
-            fresh = self._admitted(list(fresh.values()))
+            fresh = self._admitted(waiting)
             groups = plan_groups([a.shape for a in fresh], tc.batch_strategy, tc.max_batch)  # type: ignore[arg-type]
-            for group in groups:
+            steps = [step_seconds(tc.server, tc.target,
+                                  [(fresh[i].shape.new, fresh[i].shape.past) for i in group])
+                     for group in groups]  # fmt: skip
+            self.free_at = self.env.now + sum(steps)
+            for group, step in zip(groups, steps):
                 asks = [fresh[i] for i in group]
-                batch = [(a.shape.new, a.shape.past) for a in asks]
-                yield self.env.timeout(step_seconds(tc.server, tc.target, batch))
+                yield self.env.timeout(step)
                 for a in asks:
                     a.served, a.batch = True, len(asks)
                     self._send_down(a)
@@ -257,7 +266,7 @@ class Twin:
 
     def _refuse(self, ask: Ask) -> None:
         self.refusals += 1
-        ask.refused = True
+        ask.refused, ask.pending = True, False  # a repeat is considered again
         self._send_down(ask)
 
     def _fits(self, ask: Ask) -> bool:
@@ -424,14 +433,17 @@ class Twin:
 
     def _handshake(self, dev: str) -> AdaptiveTimeout | FixedTimeout:
         """The device's retry policy after its HELLO: the agents' adaptive timeout takes the
-        HELLO's round trip as its first sample when the first attempt was answered."""
+        HELLO's round trip as its first sample when the first attempt was answered; a HELLO
+        that arrives while the server computes is answered once its steps in hand end."""
         tc = self.tc
         if tc.timeout_policy not in ("adaptive", "backoff"):
             return FixedTimeout(tc.timeout_s * 1e3)
         retry = AdaptiveTimeout(tc.timeout_s * 1e3, tc.timeout_min_s * 1e3, tc.timeout_max_s * 1e3,
                                 backoff=tc.timeout_policy == "backoff")  # fmt: skip
         if self._arrives(dev, "up") and self._arrives(dev, "down"):
-            retry.observe((self._one_way() + self._one_way()) * 1e3)
+            up, down = self._one_way(), self._one_way()
+            held = max(0.0, self.free_at - (self.env.now + up))
+            retry.observe((up + held + down) * 1e3)
         else:  # the first HELLO unanswered: a back-off policy waits longer from then on
             retry.expired()
         return retry
@@ -449,7 +461,9 @@ class Twin:
             while self.queue.items and len(running) + len(fresh) < tc.max_batch:
                 fresh.append(self.queue.items.pop(0))
             batch = [(a.shape.new, 0) for a in fresh] + [(1, c) for _, _, c in running]
-            yield env.timeout(step_seconds(tc.server, tc.target, batch))
+            step = step_seconds(tc.server, tc.target, batch)
+            self.free_at = env.now + step
+            yield env.timeout(step)
             running += [[a, a.tokens - 1, a.shape.new + 1] for a in fresh]
             for r in running:
                 r[0].first_s = env.now if r[0].first_s is None else r[0].first_s
