@@ -28,22 +28,33 @@ class Crossover:
 
     setting: str  # "key=value, ..." of the other swept keys ("" when there are none)
     curves: dict[str, pd.Series]  # mode -> mean system verified tok/s, indexed by devices
-    wins_from: float | None  # None: centralized wins at every count both modes ran
     capacity: dict[str, int]  # mode -> devices keeping CROSSOVER_RATE each
+
+    @property
+    def both(self) -> pd.Index:
+        """The device counts both modes ran."""
+        return self.curves["sled"].index.intersection(self.curves["centralized"].index)
+
+    @property
+    def wins_from(self) -> float | None:
+        """The crossover (None: SLED does not stay ahead from any count both modes ran)."""
+        sled, central = self.curves["sled"], self.curves["centralized"]
+        return crossover([float(n) for n in self.both], list(sled[self.both]),
+                         list(central[self.both]))  # fmt: skip
 
     @property
     def ahead_at(self) -> list[int]:
         """The counts at which SLED's verified throughput is at least the centralized one's."""
-        both = self.curves["sled"].index.intersection(self.curves["centralized"].index)
-        return [int(n) for n in both if self.curves["sled"][n] >= self.curves["centralized"][n]]
+        sled, central = self.curves["sled"], self.curves["centralized"]
+        return [int(n) for n in self.both if sled[n] >= central[n]]
 
     @property
     def ratio_at_most(self) -> float | None:
         """SLED over centralized at the largest count both ran."""
-        both = self.curves["sled"].index.intersection(self.curves["centralized"].index)
-        if both.empty or not self.curves["centralized"][both.max()]:
+        if self.both.empty or not self.curves["centralized"][self.both.max()]:
             return None
-        return float(self.curves["sled"][both.max()] / self.curves["centralized"][both.max()])
+        most = self.both.max()
+        return float(self.curves["sled"][most] / self.curves["centralized"][most])
 
 
 def crossover(devices: list[float], sled: list[float], central: list[float]) -> float | None:
@@ -76,12 +87,8 @@ def crossovers(done: pd.DataFrame) -> list[Crossover]:
                 {int(n): None if pd.isna(v) else float(v) for n, v in slowest.items()},
                 CROSSOVER_RATE,
             )
-        if not set(MODES) <= set(curves):
-            continue
-        both = curves["sled"].index.intersection(curves["centralized"].index)
-        at = crossover([float(n) for n in both], list(curves["sled"][both]),
-                       list(curves["centralized"][both]))  # fmt: skip
-        out.append(Crossover(setting, curves, at, capacity))
+        if set(MODES) <= set(curves):
+            out.append(Crossover(setting, curves, capacity))
     return out
 
 

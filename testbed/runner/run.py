@@ -105,8 +105,8 @@ def check_conditions(conditions: Sweep, topology: Topology, source: str) -> None
                 f"holds (the twin, testbed simulate, takes up to {TWIN_MAX_DEVICES:,})"
             )
         cls = cond.playbook.lab.device_class
-        hosts = [(h.name, h.role, cls if cls and h.role == "device" else h.host_class)
-                 for h in topology.hosts]  # fmt: skip
+        classed = topology if cls is None else topology.with_device_class(cls)
+        hosts = [(h.name, h.role, h.host_class) for h in classed.hosts]
         time_dilation(cond.playbook, where)
         check_emulation(cond.playbook, hosts, where)
         check_workload(cond.playbook, where)
